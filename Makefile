@@ -1,0 +1,80 @@
+# The course in one command each. `make help` lists the targets.
+# Everything runs from a virtual environment in .venv, created on first use.
+
+PYTHON     ?= python3
+VENV       ?= .venv
+BIN        := $(CURDIR)/$(VENV)/bin
+PY         := $(BIN)/python
+# The CPU build of torch by default. For a CUDA build, see README.md ("GPU notes"), e.g.
+#   make install TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
+TORCH_SPEC ?= torch==2.13.0
+STAMP      := $(VENV)/.installed
+ASSIGNMENTS = $(sort $(notdir $(wildcard solutions/[0-9]*)))
+NOTEBOOKS   = $(wildcard solutions/*/*.ipynb)
+# nbgrader's tools (alembic, jupyter) must come from the environment.
+export PATH := $(BIN):$(PATH)
+# pytest workers: 2 (the machines here have 2 cores).
+JOBS       ?= 2
+LAB_OPTS   ?=
+
+.PHONY: help install lab formgrader assignments index format grade autograde test lint bench clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 14
+
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet $(TORCH_SPEC)
+	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet --no-deps -e .
+	touch $(STAMP)
+
+install: $(STAMP)  ## create .venv with torch (CPU), JupyterLab, nbgrader (idempotent)
+
+lab: install  ## JupyterLab on the course (what a learner opens)
+	cd autograder && $(BIN)/jupyter lab --ServerApp.root_dir=$(CURDIR)/course $(LAB_OPTS)
+
+formgrader: install  ## JupyterLab on the whole repository, with nbgrader's formgrader (instructors)
+	cd autograder && $(BIN)/jupyter lab --ServerApp.root_dir=$(CURDIR) $(LAB_OPTS)
+
+assignments: install  ## regenerate course/ from solutions/ with nbgrader, and the exercise index
+	$(PY) autograder/notebooks.py $(NOTEBOOKS)
+	cd autograder && for a in $(ASSIGNMENTS); do $(BIN)/nbgrader generate_assignment $$a --force || exit 1; done
+	$(PY) autograder/exercises.py
+
+index: install  ## regenerate autograder/exercises.json and the README's exercise table
+	$(PY) autograder/exercises.py
+
+format: install  ## normalise solutions/ notebooks (no outputs) and fix lint
+	$(PY) autograder/notebooks.py $(NOTEBOOKS)
+	$(BIN)/ruff check --fix .
+
+grade: install  ## grade one notebook as nbgrader would: make grade NB=course/00_orientation/00_orientation.ipynb
+	@test -n "$(NB)" || { echo "usage: make grade NB=path/to/notebook.ipynb"; exit 2; }
+	$(PY) autograder/grade.py $(NB)
+
+autograde: install  ## grade every submission in autograder/submitted/, write feedback and grades.csv
+	cd autograder && for a in $(ASSIGNMENTS); do \
+	  $(BIN)/nbgrader generate_assignment $$a --force >/dev/null || exit 1; \
+	  if ls submitted/*/$$a >/dev/null 2>&1; then \
+	    $(BIN)/nbgrader autograde $$a || exit 1; \
+	    $(BIN)/nbgrader generate_feedback $$a --force || exit 1; \
+	  fi; done
+	cd autograder && $(BIN)/nbgrader export --to grades.csv
+	@echo "grades: autograder/grades.csv; feedback: autograder/feedback/"
+
+lint: install  ## ruff
+	$(BIN)/ruff check .
+
+test: install  ## lint, then every test (launcher, notebooks, grading, lab)
+	$(BIN)/ruff check .
+	$(PY) -m pytest -n $(JOBS) --durations=15
+
+bench: install  ## benchmarks (speed is measured here, never in tests)
+	@for b in tests/bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+clean:  ## remove the environment and nbgrader's working files
+	rm -rf $(VENV) autograder/submitted autograder/autograded autograder/feedback \
+	  autograder/gradebook.db autograder/grades.csv .pytest_cache .ruff_cache
+	find . -name __pycache__ -prune -exec rm -rf {} +

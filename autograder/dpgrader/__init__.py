@@ -1,0 +1,1 @@
+"""Hidden checks: imported only by hidden test cells, never released to learners."""

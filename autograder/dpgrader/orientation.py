@@ -1,0 +1,42 @@
+"""Hidden checks of 00_orientation. Each raises a short AssertionError saying what is wrong."""
+
+import torch
+import torch.distributed as dist
+
+from dpcourse import launch
+from dpcourse.checks import expect_equal, expect_per_rank
+
+
+def check_my_slice(my_slice):
+    for length, world in [(10, 3), (3, 4), (7, 1), (13, 5), (1, 2)]:
+        data = torch.arange(100, 100 + length)
+        expected = [data[[i for i in range(length) if i % world == r]] for r in range(world)]
+        expect_per_rank(launch(my_slice, world, data), expected,
+                        what=f"my_slice of {length} samples over {world} ranks")
+
+
+def check_global_mean(global_mean):
+    cases = {
+        "shards of lengths 5, 1, 3": [torch.arange(5.0), torch.tensor([100.0]), torch.ones(3)],
+        "an empty shard on rank 1": [torch.tensor([2.0, 4.0]), torch.tensor([])],
+        "a single rank": [torch.tensor([1.5, 2.5, 3.5])],
+        "float32 values far from zero": [torch.full((3,), 1e6 + 0.25), torch.full((1,), 1e6 + 0.75)],
+    }
+    for name, shards in cases.items():
+        expected = torch.cat(shards).double().mean().item()
+        results = launch(_mean_and_input_after, len(shards), global_mean, shards)
+        for rank, (got, x_after) in enumerate(results):
+            if not isinstance(got, float):
+                raise AssertionError(f"global_mean should return a Python float, rank {rank} "
+                                     f"returned {type(got).__name__}")
+            if abs(got - expected) > 1e-9 * max(1.0, abs(expected)):
+                raise AssertionError(f"rank {rank}: global_mean with {name} is {got!r}, expected "
+                                     f"{expected!r}")
+            expect_equal(x_after, shards[rank], "the input x after global_mean (it must not be "
+                         "modified)", rank=rank)
+
+
+def _mean_and_input_after(global_mean, shards):
+    """Runs on each rank: the learner's result, and the rank's input as the call left it."""
+    x = shards[dist.get_rank()].clone()
+    return global_mean(x), x

@@ -1,0 +1,39 @@
+"""nbgrader configuration of the course.
+
+The course root is the repository: solutions/ is nbgrader's source directory,
+course/ its release directory, and the instructor's working folders (submitted,
+autograded, feedback, gradebook) live under autograder/ and are git-ignored.
+nbgrader reads this file from its working directory, so the Makefile runs
+nbgrader from autograder/ (grade.py writes its own copy for a scratch course).
+"""
+
+import os
+
+here = os.path.dirname(os.path.abspath(__file__))
+c = get_config()  # provided by traitlets when it loads this file
+
+c.CourseDirectory.root = os.environ.get("DPCOURSE_COURSE_ROOT", os.path.dirname(here))
+c.CourseDirectory.source_directory = "solutions"
+c.CourseDirectory.release_directory = "course"
+c.CourseDirectory.submitted_directory = "autograder/submitted"
+c.CourseDirectory.autograded_directory = "autograder/autograded"
+c.CourseDirectory.feedback_directory = "autograder/feedback"
+c.CourseDirectory.db_url = os.environ.get(
+    "DPCOURSE_DB_URL", "sqlite:///" + os.path.join(here, "gradebook.db"))
+
+# Released notebooks carry this stub where the solution was.
+c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
+c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
+
+# A cell may run a few launches; each is bounded by the launcher's deadline
+# (60 s by default, far less in the tests), so a hung learner function scores 0
+# on its cell with a message and autograde always finishes.
+c.Execute.timeout = 300
+c.Execute.interrupt_on_timeout = True
+
+# Feedback shows the test cells as the learner saw them, never the hidden part.
+c.GenerateFeedback.preprocessors = [
+    "nbgrader.preprocessors.ClearHiddenTests",
+    "nbgrader.preprocessors.GetGrades",
+    "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
+]

@@ -1,0 +1,6 @@
+"""Helper library of the data-parallel training course: launch ranks, check results, draw pictures."""
+
+from .failures import LaunchError
+from .launcher import launch, resolve_backend
+
+__all__ = ["launch", "resolve_backend", "LaunchError"]

@@ -1,0 +1,150 @@
+"""What happens inside one rank: join the group, run the function, report back, exit.
+
+The launcher (launch.py) starts each rank either by forking (CPU, fast) or by
+starting `python -m dpcourse._rank` (GPU, or whenever CUDA is already in use
+in the caller). Both paths end in `run_rank`, so a rank behaves the same way
+however it was born.
+
+Ranks talk to the launcher through three pipes:
+  out   - the rank's stdout and stderr (file descriptors 1 and 2), relayed line by line;
+  msg   - one framed pickle: ("ok", time, value) or ("error", time, type, message, traceback);
+  diag  - faulthandler's dump of every thread's stack, written when the launcher
+          sends SIGUSR1 to a rank that is stuck.
+"""
+
+import ctypes
+import datetime
+import faulthandler
+import io
+import os
+import pickle
+import signal
+import struct
+import sys
+import time
+import traceback
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent_pid):
+    """Ask the kernel to SIGKILL this rank when the launcher dies.
+
+    SIGKILL, not torch's SIGINT: a background job ignores SIGINT, and a rank
+    spinning in Python would be orphaned at 100% CPU (measured in FINDINGS.md).
+    """
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def redirect_output(out_fd):
+    """Send this process's fd 1 and 2 (C and Python alike) into the launcher's pipe."""
+    os.dup2(out_fd, 1)
+    os.dup2(out_fd, 2)
+    os.close(out_fd)
+    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), line_buffering=True)
+    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), line_buffering=True)
+
+
+def send_message(msg_fd, message):
+    """Write one length-prefixed pickle; the launcher reads exactly one per rank."""
+    try:
+        data = pickle.dumps(message)
+    except Exception as exc:  # an unpicklable return value is the learner's bug, say so
+        data = pickle.dumps(("error", time.monotonic(), "PicklingError",
+                             f"the function returned a value that cannot be sent back to the "
+                             f"caller ({exc})", ""))
+    blob = struct.pack("<Q", len(data)) + data
+    view = memoryview(blob)
+    while view:
+        written = os.write(msg_fd, view)
+        view = view[written:]
+
+
+def to_cpu(value):
+    """Move tensors in a (nested) result to the CPU so the caller never has to touch CUDA."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
+        return type(value)(to_cpu(v) for v in value)
+    if isinstance(value, dict) and type(value) is dict:
+        return {k: to_cpu(v) for k, v in value.items()}
+    return value
+
+
+def join_group(rank, world_size, backend, store_path, group_timeout):
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+                      LOCAL_WORLD_SIZE=str(world_size))
+    # Every rank of a launch lives on this machine: loopback is always the right interface.
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    store = dist.FileStore(store_path, world_size)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=group_timeout))
+
+
+def run_rank(spec, fn, args, kwargs, msg_fd, diag_fd):
+    """Run `fn` as one rank and never return: the process ends here."""
+    code = 0
+    try:
+        import torch
+
+        # A child forked after the parent used OpenMP hangs in its first big op
+        # unless it drops to one thread first (FINDINGS.md). One thread per rank
+        # is also the fair setting when ranks share a few cores.
+        torch.set_num_threads(1)
+        faulthandler.register(signal.SIGUSR1, file=os.fdopen(diag_fd, "w", closefd=False),
+                              all_threads=True)
+        join_group(spec["rank"], spec["world_size"], spec["backend"], spec["store_path"],
+                   spec["group_timeout"])
+        value = fn(*args, **kwargs)
+        send_message(msg_fd, ("ok", time.monotonic(), to_cpu(value)))
+        _leave_group()
+    except BaseException as exc:  # noqa: BLE001 - every failure is reported, even SystemExit
+        code = 1
+        send_message(msg_fd, ("error", time.monotonic(), type(exc).__name__, str(exc),
+                              "".join(traceback.format_exception(exc))))
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001 - exiting anyway
+                pass
+        os._exit(code)
+
+
+def _leave_group():
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def spawned_main():
+    """Entry point of a rank started as a fresh interpreter (GPU path)."""
+    import json
+
+    import cloudpickle
+
+    payload_path, spec, msg_fd, diag_fd = sys.argv[1], json.loads(sys.argv[2]), *map(int, sys.argv[3:5])
+    die_with_parent(spec["parent_pid"])
+    sys.path[:0] = [p for p in spec["sys_path"] if p not in sys.path]  # find the caller's modules
+    sys.stdout.reconfigure(line_buffering=True)
+    sys.stderr.reconfigure(line_buffering=True)
+    with open(payload_path, "rb") as f:
+        fn, args, kwargs = cloudpickle.loads(f.read())
+    run_rank(spec, fn, args, kwargs, msg_fd, diag_fd)
+
+
+if __name__ == "__main__":
+    spawned_main()
