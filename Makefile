@@ -16,6 +16,8 @@ export PATH := $(BIN):$(PATH)
 # pytest workers: 2 (the machines here have 2 cores).
 JOBS       ?= 2
 LAB_OPTS   ?=
+# Jupyter refuses to run as root unless told (containers and CI run as root).
+ROOT_OPT   := $(if $(filter 0,$(shell id -u)),--allow-root)
 
 .PHONY: help install lab formgrader assignments index format grade autograde test lint bench clean
 
@@ -33,10 +35,10 @@ $(STAMP): requirements.txt pyproject.toml
 install: $(STAMP)  ## create .venv with torch (CPU), JupyterLab, nbgrader (idempotent)
 
 lab: install  ## JupyterLab on the course (what a learner opens)
-	cd autograder && $(BIN)/jupyter lab --ServerApp.root_dir=$(CURDIR)/course $(LAB_OPTS)
+	cd autograder && $(BIN)/jupyter lab --ServerApp.root_dir=$(CURDIR)/course $(ROOT_OPT) $(LAB_OPTS)
 
 formgrader: install  ## JupyterLab on the whole repository, with nbgrader's formgrader (instructors)
-	cd autograder && $(BIN)/jupyter lab --ServerApp.root_dir=$(CURDIR) $(LAB_OPTS)
+	cd autograder && $(BIN)/jupyter lab --ServerApp.root_dir=$(CURDIR) $(ROOT_OPT) $(LAB_OPTS)
 
 assignments: install  ## regenerate course/ from solutions/ with nbgrader, and the exercise index
 	$(PY) autograder/notebooks.py $(NOTEBOOKS)

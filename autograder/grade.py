@@ -51,7 +51,8 @@ def read_notebook(path):
         raise GradingError(f"{path}: no such file") from None
     except Exception as exc:  # nbformat raises several types for broken JSON or schema
         raise GradingError(f"{path} is not a readable notebook ({type(exc).__name__}: {exc}). "
-                           f"Was it saved completely? Restore it from course/ and copy your code back.")
+                           "Was it saved completely? Restore it from course/ and copy your code back."
+                           ) from None
 
 
 def grade(notebooks, assignment=None, keep=None):

@@ -20,7 +20,8 @@ def check_global_mean(global_mean):
         "shards of lengths 5, 1, 3": [torch.arange(5.0), torch.tensor([100.0]), torch.ones(3)],
         "an empty shard on rank 1": [torch.tensor([2.0, 4.0]), torch.tensor([])],
         "a single rank": [torch.tensor([1.5, 2.5, 3.5])],
-        "float32 values far from zero": [torch.full((3,), 1e6 + 0.25), torch.full((1,), 1e6 + 0.75)],
+        "1000 float32 values of 0.1 (sums need float64)": [torch.full((600,), 0.1),
+                                                            torch.full((400,), 0.1)],
     }
     for name, shards in cases.items():
         expected = torch.cat(shards).double().mean().item()

@@ -39,7 +39,8 @@ def expect_equal(got, expected, what, rank=None, atol=0.0, rtol=0.0):
             raise AssertionError(f"{where}{what} should be a tensor, got {describe(got)}")
         if got.shape != expected.shape:
             raise AssertionError(f"{where}{what} has shape {tuple(got.shape)}, expected "
-                                 f"{tuple(expected.shape)}")
+                                 f"{tuple(expected.shape)}: got {describe(got)}, expected "
+                                 f"{describe(expected)}")
         if not torch.allclose(got.to(expected.dtype), expected, atol=atol, rtol=rtol):
             raise AssertionError(f"{where}{what} is {describe(got)}, expected {describe(expected)}")
     elif got != expected:

@@ -1,0 +1,48 @@
+"""Every assignment graded for real: the solution gets full marks, the released notebook and each
+planted bug lose points, with messages that say what is wrong."""
+
+import pytest
+
+from grading import ASSIGNMENTS, cell, graded_assignment, variants_of
+
+
+@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+def test_solution_full_marks_released_zero_and_planted_bugs_lose_points(assignment, tmp_path):
+    graded = graded_assignment(assignment, tmp_path)
+    problems = []
+
+    solution = graded["solution"]
+    if solution.get("error") or solution["score"] != solution["max_score"]:
+        problems.append(f"solution scored {solution['score']}/{solution['max_score']}: "
+                        + "; ".join(f"{c['grade_id']}: {c['message'][:300]}" for c in solution["cells"]
+                                    if c["points"] != c["max_points"]) + solution.get("error", ""))
+
+    released = graded["released"]
+    auto = [c for c in released["cells"] if c["points"] is not None]
+    if not auto or any(c["points"] != 0 for c in auto):
+        problems.append("released notebook passes "
+                        + ", ".join(c["grade_id"] for c in auto if c["points"]))
+    for c in auto:
+        if "NotImplementedError" not in c["message"]:
+            problems.append(f"released {c['grade_id']} fails without naming NotImplementedError: "
+                            f"{c['message'][:200]}")
+
+    for name, spec in variants_of(assignment).items():
+        result = graded[name]
+        for grade_id, expected_message in spec["loses"].items():
+            got = cell(result, grade_id)
+            if got["points"] != 0:
+                problems.append(f"variant {name}: {grade_id} scored {got['points']}, expected 0")
+            elif expected_message not in got["message"]:
+                problems.append(f"variant {name}: {grade_id} message lacks {expected_message!r}: "
+                                f"{got['message'][:400]}")
+        for grade_id in spec.get("keeps", []):
+            got = cell(result, grade_id)
+            if got["points"] != got["max_points"]:
+                problems.append(f"variant {name}: {grade_id} should still pass: {got['message'][:300]}")
+    assert not problems, "\n".join(problems)
+
+
+def test_every_assignment_has_planted_bugs():
+    missing = [a for a in ASSIGNMENTS if len(variants_of(a)) < 3]
+    assert not missing, f"assignments with fewer than 3 planted bugs: {missing}"
