@@ -33,3 +33,14 @@ def show_environment():
     for key, value in facts.items():
         print(f"{key:<{width}}  {value}")
     return facts
+
+
+def rank_device():
+    """The device this rank's tensors belong on: its own GPU under NCCL, else the CPU.
+
+    Call it inside a launched function; tests and exercises use it so the same code
+    runs with gloo on a laptop and with NCCL on a multi-GPU machine.
+    """
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
