@@ -57,14 +57,7 @@ grade: install  ## grade one notebook as nbgrader would: make grade NB=course/00
 	$(PY) autograder/grade.py $(NB)
 
 autograde: install  ## grade every submission in autograder/submitted/, write feedback and grades.csv
-	cd autograder && for a in $(ASSIGNMENTS); do \
-	  $(BIN)/nbgrader generate_assignment $$a --force >/dev/null || exit 1; \
-	  if ls submitted/*/$$a >/dev/null 2>&1; then \
-	    $(BIN)/nbgrader autograde $$a || exit 1; \
-	    $(BIN)/nbgrader generate_feedback $$a --force || exit 1; \
-	  fi; done
-	cd autograder && $(BIN)/nbgrader export --to grades.csv
-	@echo "grades: autograder/grades.csv; feedback: autograder/feedback/"
+	$(PY) autograder/autograde.py
 
 lint: install  ## ruff
 	$(BIN)/ruff check .

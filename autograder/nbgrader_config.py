@@ -31,9 +31,12 @@ c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
 c.Execute.timeout = 300
 c.Execute.interrupt_on_timeout = True
 
-# Feedback shows the test cells as the learner saw them, never the hidden part.
+# Feedback shows the test cells as the learner saw them, never the hidden part: the hidden
+# lines are cleared from the source, and tracebacks (which quote the lines around a failure)
+# are reduced to the error's message.
 c.GenerateFeedback.preprocessors = [
     "nbgrader.preprocessors.ClearHiddenTests",
+    "dpgrader.feedback.ScrubTracebacks",
     "nbgrader.preprocessors.GetGrades",
     "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
 ]

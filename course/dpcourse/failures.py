@@ -146,12 +146,13 @@ def _names(rs):
 
 
 def _trim_traceback(text):
-    """Drop the launcher's own frames: the learner's code is what matters."""
+    """Drop the launcher's frames and the hidden checks' (grader-side) frames: the learner's
+    code is what matters, and hidden test code must not show in feedback."""
     out, skipping = [], False
     for line in text.rstrip().splitlines():
         if line.startswith("  File "):
             skipping = any(p in line for p in ("dpcourse/_rank.py", "dpcourse/launcher.py",
-                                                "torch/distributed/c10d_logger.py"))
+                                                "torch/distributed/c10d_logger.py", "dpgrader/"))
         elif not line.startswith("    "):
             skipping = False
         if not skipping and not line.startswith("Traceback (most recent call last)"):
