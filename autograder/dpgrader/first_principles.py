@@ -1,0 +1,180 @@
+"""Hidden checks of 01_first_principles. Each raises a short AssertionError saying what is wrong.
+
+Expected values never come from the learner's functions: index arithmetic done
+another way (tensor_split, reshape), and single-process float64 training on the
+whole batch (dpcourse.reference).
+"""
+
+import copy
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from dpcourse import launch, rank_device
+from dpcourse.checks import describe
+from dpcourse.data import RecordingLoss, gradient_problems, line_data, linear
+from dpcourse.paramchecks import (
+    expect_close,
+    expect_gradients,
+    expect_parameters,
+    expect_replicas_equal,
+    expect_shard_calls,
+)
+from dpcourse.reference import batch_norm, full_batch_gradient, parameter_names, sgd_steps
+
+
+def expected_shards(n, world, remainder):
+    """Rank by rank, the indices each policy gives, computed by tensor_split and reshape."""
+    if remainder == "spread":
+        return list(torch.tensor_split(torch.arange(n), world))
+    if remainder == "drop":
+        per = n // world
+        return list(torch.arange(per * world).reshape(world, per))
+    if remainder == "pad":
+        per = -(-n // world)
+        return list((torch.arange(per * world) % max(n, 1)).reshape(world, per))
+    raise ValueError(remainder)
+
+
+def split_sizes(n, world):
+    return [len(s) for s in torch.tensor_split(torch.arange(n), world)]
+
+
+# ----------------------------------------------------------------------------------------------
+# exercise 1
+
+def check_shard_indices(shard_indices):
+    cases = [(n, world, remainder) for remainder in ("spread", "drop", "pad")
+             for n, world in [(10, 4), (7, 3), (13, 5), (5, 1), (3, 4), (12, 4), (100, 7), (1, 3)]]
+    cases += [(0, 3, "spread"), (0, 2, "drop")]
+    for n, world, remainder in cases:
+        expected = expected_shards(n, world, remainder)
+        got = [shard_indices(n, rank, world, remainder) for rank in range(world)]
+        call = f"shard_indices({n}, rank, {world}, {remainder!r})"
+        for rank, g in enumerate(got):
+            if not isinstance(g, torch.Tensor) or g.dtype != torch.long or g.dim() != 1:
+                raise AssertionError(f"rank {rank}: {call} should be a 1-D torch.long tensor, got "
+                                     f"{describe(g)}")
+        sizes, want = [len(g) for g in got], [len(e) for e in expected]
+        if sizes != want:
+            raise AssertionError(f"{call} gives shard sizes {sizes} for ranks 0..{world - 1}, "
+                                 f"expected {want}")
+        for rank, (g, e) in enumerate(zip(got, expected, strict=True)):
+            if not torch.equal(g, e):
+                raise AssertionError(f"rank {rank}: shard_indices({n}, {rank}, {world}, {remainder!r}) "
+                                     f"is {describe(g, 12)}, expected {describe(e, 12)}")
+
+
+# ----------------------------------------------------------------------------------------------
+# exercise 2
+
+def check_data_parallel_gradient(data_parallel_gradient):
+    for seed in (0, 1):
+        for name, model, loss_fn, x, y in gradient_problems(seed):
+            for world in (1, 3, 4, len(x) + 2):
+                if seed:  # stale gradients left by an earlier backward must not leak in
+                    for p in model.parameters():
+                        p.grad = torch.full_like(p, 7.0)
+                case = f"{name}, {len(x)} samples over {world} workers"
+                expected = full_batch_gradient(model, loss_fn, x, y)
+                recording = RecordingLoss(loss_fn)
+                got = data_parallel_gradient(model, recording, x, y, world)
+                expect_shard_calls(recording.sizes, split_sizes(len(x), world), f"with {case}")
+                expect_gradients(got, expected, parameter_names(model), f"with {case}")
+
+
+# ----------------------------------------------------------------------------------------------
+# exercise 3
+
+def check_simulated_dp_step(simulated_dp_step, lr=0.1, steps=2):
+    for seed in (0, 1):
+        for name, model, loss_fn, x, y in gradient_problems(seed):
+            for workers in (1, 3, 4):
+                case = f"{name}, {len(x)} samples over {workers} workers"
+                start = [p.detach().double().clone() for p in model.parameters()]
+                expected = sgd_steps(model, loss_fn, x, y, lr, steps)
+                names = parameter_names(model)
+                replicas = [copy.deepcopy(model) for _ in range(workers)]
+                recording = RecordingLoss(loss_fn)
+                for _ in range(steps):
+                    simulated_dp_step(replicas, recording, x, y, lr)
+                expect_shard_calls(recording.sizes, split_sizes(len(x), workers) * steps,
+                                   f"with {case}, in {steps} steps")
+                expect_replicas_equal(replicas, names, f"with {case}, after {steps} steps")
+                expect_parameters(replicas[0].parameters(), expected, names, start,
+                                  f"with {case}: after {steps} SGD steps (lr={lr}), replica 0")
+
+
+# ----------------------------------------------------------------------------------------------
+# exercise 4
+
+def run_allreduce_steps(step, problems, lr, steps):
+    """On each rank: train every problem's model `steps` steps with the learner's step function."""
+    device, out = rank_device(), []
+    for model, loss_fn, x, y in problems:
+        model = copy.deepcopy(model).to(device)
+        recording = RecordingLoss(loss_fn)
+        for _ in range(steps):
+            step(model, recording, x.to(device), y.to(device), lr)
+        out.append(([p.detach().cpu() for p in model.parameters()], recording.sizes))
+    return out
+
+
+def check_allreduce_sgd_step(allreduce_sgd_step, lr=0.1, steps=2):
+    named = [(name, (model, loss_fn, x, y)) for name, model, loss_fn, x, y in gradient_problems(0)]
+    few = ("a line fit with 2 samples (some ranks get none)",
+           (linear(1, 1, seed=5), nn.MSELoss(), *line_data(2, seed=5)))
+    for world in (1, 3, 4):
+        cases = named + ([few] if world > 2 else [])
+        results = launch(run_allreduce_steps, world, allreduce_sgd_step, [p for _, p in cases], lr, steps,
+                         group_timeout=5)
+        for index, (name, (model, loss_fn, x, y)) in enumerate(cases):
+            start = [p.detach().double().clone() for p in model.parameters()]
+            expected = sgd_steps(model, loss_fn, x, y, lr, steps)
+            sizes = split_sizes(len(x), world)
+            for rank in range(world):
+                params, seen = results[rank][index]
+                what = f"rank {rank}: with {name} over {world} ranks"
+                expect_shard_calls(seen, [sizes[rank]] * steps, f"{what}, in {steps} steps")
+                expect_parameters(params, expected, parameter_names(model), start,
+                                  f"{what}, after {steps} steps")
+
+
+# ----------------------------------------------------------------------------------------------
+# exercise 5
+
+def run_sync_batch_norm(fn, shards, weight, bias, eps):
+    device = rank_device()
+    x = shards[dist.get_rank()].to(device)
+    before = x.clone()
+    with torch.no_grad():
+        out = fn(x, weight.to(device), bias.to(device), eps)
+    return out, torch.equal(x, before)
+
+
+def check_sync_batch_norm(sync_batch_norm):
+    g = torch.Generator().manual_seed(11)
+    cases = {
+        "shards of 5, 1 and 3 samples": [torch.randn(n, 4, generator=g) * 3 + 1 for n in (5, 1, 3)],
+        "channels with a large mean (1000 + N(0, 1)): accumulate in float64":
+            [torch.randn(n, 3, generator=g) + 1000 for n in (4, 2, 6)],
+        "an empty shard on rank 1": [torch.randn(4, 2, generator=g), torch.zeros(0, 2)],
+        "a single rank": [torch.randn(6, 3, generator=g) * 2],
+        "shards with very different means": [torch.randn(3, 2, generator=g) + shift
+                                             for shift in (-5.0, 0.0, 5.0, 10.0)],
+    }
+    for name, shards in cases.items():
+        channels = shards[0].shape[1]
+        weight, bias = torch.linspace(0.5, 2.0, channels), torch.linspace(-1.0, 1.0, channels)
+        expected = torch.split(batch_norm(torch.cat(shards), weight, bias), [len(s) for s in shards])
+        results = launch(run_sync_batch_norm, len(shards), sync_batch_norm, shards, weight, bias, 1e-5,
+                         group_timeout=5)
+        for rank, ((out, unchanged), want) in enumerate(zip(results, expected, strict=True)):
+            what = f"rank {rank}: sync_batch_norm with {name}"
+            expect_close(out, want, what)
+            if out.dtype != shards[rank].dtype:
+                raise AssertionError(f"{what} returned dtype {out.dtype}, expected the input's "
+                                     f"{shards[rank].dtype}")
+            if not unchanged:
+                raise AssertionError(f"{what} modified its input x in place")
