@@ -56,7 +56,7 @@ def write_variant(assignment, cells, folder):
     return path
 
 
-def grade(paths, deadline=20):
+def grade(paths, deadline=15):
     """Run grade.py on notebooks (one assignment per call is fastest); return its JSON results."""
     env = dict(os.environ, DPCOURSE_DEADLINE=str(deadline))
     proc = subprocess.run([sys.executable, str(REPO / "autograder" / "grade.py"), *map(str, paths),

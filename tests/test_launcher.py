@@ -122,6 +122,18 @@ def test_a_collective_nobody_else_calls_is_reported():
     with pytest.raises(LaunchError) as info:
         launch(unmatched_all_reduce, 2, group_timeout=3)
     assert info.value.rank == 0
+    assert str(info.value).startswith("rank 0 of 2 gave up after 3 s in all_reduce, waiting for rank 1, "
+                                      "which had already returned")
+
+
+def returns_at_once():
+    return dist.get_rank()
+
+
+def test_ranks_that_return_at_once_never_break_a_slower_peer():
+    """A rank that exits early used to close its sockets while a peer was still connecting."""
+    for _ in range(15):
+        assert launch(returns_at_once, 4) == [0, 1, 2, 3]
 
 
 def returns_a_lambda():

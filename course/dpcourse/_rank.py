@@ -91,11 +91,12 @@ def join_group(rank, world_size, backend, store_path, group_timeout):
     store = dist.FileStore(store_path, world_size)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=group_timeout))
+    return store
 
 
 def run_rank(spec, fn, args, kwargs, msg_fd, diag_fd):
     """Run `fn` as one rank and never return: the process ends here."""
-    code = 0
+    code, store = 1, None
     try:
         import torch
 
@@ -105,29 +106,50 @@ def run_rank(spec, fn, args, kwargs, msg_fd, diag_fd):
         torch.set_num_threads(1)
         faulthandler.register(signal.SIGUSR1, file=os.fdopen(diag_fd, "w", closefd=False),
                               all_threads=True)
-        join_group(spec["rank"], spec["world_size"], spec["backend"], spec["store_path"],
-                   spec["group_timeout"])
-        value = fn(*args, **kwargs)
-        send_message(msg_fd, ("ok", time.monotonic(), to_cpu(value)))
-        _leave_group()
+        store = join_group(spec["rank"], spec["world_size"], spec["backend"], spec["store_path"],
+                           spec["group_timeout"])
+        value = to_cpu(fn(*args, **kwargs))
+        _flush_output()
+        send_message(msg_fd, ("ok", time.monotonic(), value))
+        code = 0
     except BaseException as exc:  # noqa: BLE001 - every failure is reported, even SystemExit
-        code = 1
         send_message(msg_fd, ("error", time.monotonic(), type(exc).__name__, str(exc),
                               "".join(traceback.format_exception(exc))))
     finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:  # noqa: BLE001 - exiting anyway
-                pass
+        if code == 0:
+            _leave_together(store, spec["world_size"])
+        _flush_output()
         os._exit(code)
 
 
-def _leave_group():
+def _flush_output():
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - nothing more to do with a broken stream
+            pass
+
+
+def _leave_together(store, world_size):
+    """Stay until every rank has finished, then leave the group.
+
+    A rank that exits as soon as its function returns closes its sockets while a
+    slower peer may still be connecting or talking to it: the peer then fails with
+    "Connection closed by peer" through no fault of its own (seen here with gloo).
+    The wait goes through the store, not gloo; the launcher kills a rank that waits
+    here for a peer that failed.
+    """
     import torch.distributed as dist
 
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    try:
+        if store.add("dpcourse/finished", 1) == world_size:
+            store.set("dpcourse/all_finished", "1")
+        else:
+            store.wait(["dpcourse/all_finished"], datetime.timedelta(days=1))
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 - the result is already sent; leaving is best effort
+        pass
 
 
 def spawned_main():

@@ -33,12 +33,19 @@ def describe_failure(ranks, stopped, why, deadline, group_timeout):
     genuine = [r for r in failed if _kind(r) not in ("victim", "waited")]
     waited = [r for r in failed if _kind(r) == "waited"]
     running = [r for r in stopped if _stack(r) and not _in_communication(_stack(r))]
+    returned = [r for r in ranks if r.report is not None and r.report[0] == "ok"]
     others = lambda culprit: [r for r in ranks if r is not culprit]  # noqa: E731
 
     if genuine:
         culprit = min(genuine, key=_when)
         head = _headline(culprit, world) + _same_error_elsewhere(culprit, genuine)
         kind = "raised" if culprit.report else "exited"
+    elif running and len(running) == len(stopped) and not failed:
+        culprit = running[0]
+        head = (f"{'rank' if len(running) == 1 else 'ranks'} {_names(running)} of {world} did not "
+                f"finish within the {deadline:g} s deadline, none of them waiting on another: an "
+                f"endless loop, or far too much work? rank {culprit.rank} was running {_where(culprit)}")
+        kind = "deadline"
     elif running:
         culprit = running[0]
         head = (f"rank {culprit.rank} of {world} never reached the communication its peers were "
@@ -46,6 +53,13 @@ def describe_failure(ranks, stopped, why, deadline, group_timeout):
                 + (f" when rank {waited[0].rank} gave up after {group_timeout:g} s" if waited
                    else f" at the {deadline:g} s deadline"))
         kind = "deadline" if not waited else "deadlock"
+    elif waited and returned:
+        culprit = min(waited, key=_when)
+        one = len(returned) == 1
+        head = (f"rank {culprit.rank} of {world} gave up after {group_timeout:g} s in {_op(culprit)}, "
+                f"waiting for {'rank' if one else 'ranks'} {_names(returned)}, which had already "
+                f"returned: this call has no partner on {'that rank' if one else 'those ranks'}")
+        kind = "deadlock"
     elif waited or stopped:
         stuck = sorted(failed + list(stopped), key=lambda r: r.rank)
         culprit = stuck[0]
@@ -53,10 +67,10 @@ def describe_failure(ranks, stopped, why, deadline, group_timeout):
         head = (f"deadlock: ranks {_names(stuck)} of {world} were all waiting for each other "
                 f"({ops}): each is blocked in a call that no peer matches")
         kind = "deadlock"
-    else:  # only "connection closed" errors: a rank talked to peers that had already returned
+    else:  # only "connection closed" errors: a peer went away
         culprit = min(failed, key=_when)
-        head = (f"rank {culprit.rank} of {world} failed talking to peers that had already "
-                f"returned: a recv or collective on this rank has no partner")
+        head = (f"rank {culprit.rank} of {world} lost its connection to a peer: "
+                f"{culprit.report[2]}: {culprit.report[3]}")
         kind = "raised"
     body = [head, "", *_details(culprit, deadline)]
     for r in others(culprit):

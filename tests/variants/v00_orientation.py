@@ -58,4 +58,23 @@ def global_mean(x):
         "cells": {"my_slice": "def my_slice(data)\n    return data"},
         "loses": {"test_my_slice_basic": "NameError"},
     },
+    "spins_forever": {  # a hung learner function: the launcher's deadline stops it, the cell scores 0
+        "cells": {"my_slice": """
+def my_slice(data):
+    while True:
+        pass
+"""},
+        "loses": {"test_my_slice_basic": "did not finish within the 15 s deadline",
+                  "test_my_slice_edge_cases": "an endless loop"},
+    },
+    "waits_for_a_message_nobody_sends": {
+        "cells": {"global_mean": """
+def global_mean(x):
+    buffer = torch.zeros(1)
+    dist.recv(buffer, src=(dist.get_rank() + 1) % dist.get_world_size())
+    return buffer.item()
+"""},
+        "loses": {"test_global_mean_basic": "deadlock: ranks 0, 1, 2 and 3 of 4",
+                  "test_global_mean_unequal_shards": "rank 0 in recv"},
+    },
 }
