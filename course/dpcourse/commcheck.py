@@ -1,0 +1,333 @@
+"""Run a communication exercise on ranks under the recorder, and judge values, messages and bytes.
+
+    calls = run_p2p(ring_shift, [torch.full((3,), float(r)) for r in range(4)], exercise="ring_shift")
+    calls[2].result, calls[2].after, calls[2].ops      # what rank 2 returned, its input after, its calls
+    expect_ring_traffic(calls, numel=3, element_size=4, phases=2, what="ring_all_reduce")
+
+Why a module: the exercises of notebooks 03-04 are graded on three things -- the values
+each rank ends with, that only point-to-point calls were used (a collective would do the
+work for you), and how many messages and bytes each rank sent (a ring is *defined* by
+them). Each rank runs the learner's function inside `CommRecorder(p2p_only=True)`, so the
+same recorder that forbids `dist.all_reduce` and the process-group bypass also counts
+every `send` and `recv` with its peer and size.
+
+A deadlock must end in seconds with a sentence naming the ranks and the call each was
+stuck in, not with gloo's internals: every rank catches its own timeout ("Timed out
+waiting 3000ms for recv") or the "connection closed" it gets once a peer gives up, and
+reports which call it was blocked in. The caller turns that into one AssertionError.
+"""
+
+import math
+import re
+import traceback
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from .checks import describe
+from .env import rank_device
+from .launcher import launch
+from .recorder import CommRecorder, ForbiddenCollective
+
+GROUP_TIMEOUT = 3.0  # seconds a blocked send/recv waits before it counts as a deadlock
+WAITED = re.compile(r"timed out|timeout|closed by peer|connection reset|broken pipe|connection closed"
+                    r"|socket closed|connection refused", re.I)
+
+
+@dataclass
+class Call:
+    """What one rank did in one call of the learner's function."""
+
+    rank: int  # rank in the world
+    group_rank: int | None  # rank in the group the call ran on; None: not a member, did not call
+    result: object = None  # what the function returned
+    after: object = None  # the first argument as the call left it (in-place functions)
+    expected: object = None  # the reference computed with a built-in collective, if asked
+    ops: list = field(default_factory=list)  # CommOp list: op, peer (group rank), nbytes
+    stuck: str | None = None  # "in recv from rank 3 (`dist.recv(buf, left)`)" after a timeout
+    forbidden: str | None = None  # the ForbiddenCollective message
+
+    @property
+    def sends(self):
+        return [o for o in self.ops if o.op == "send"]
+
+    @property
+    def sent_bytes(self):
+        return sum(o.nbytes for o in self.sends)
+
+
+def run_p2p(fn, inputs, *, exercise, args=(), kwargs=None, reference=None, groups=None,
+            group_timeout=GROUP_TIMEOUT, deadline=None, label=None):
+    """Launch len(inputs) ranks; rank r calls fn(inputs[r], *args, **kwargs) with p2p only.
+
+    inputs[r] goes to rank r's device and is cloned, so `Call.after` shows what an in-place
+    function did to it. reference="all_reduce" also computes the expected value with
+    `dist.all_reduce` (outside the recorder). groups: lists of world ranks; each rank calls
+    fn with `group=` the group it belongs to. Returns one Call per world rank; raises an
+    AssertionError naming ranks and calls on a deadlock or a collective.
+    """
+    case = dict(inputs=list(inputs), args=tuple(args), kwargs=dict(kwargs or {}), reference=reference,
+                groups=groups, label=label)
+    return run_cases(fn, len(inputs), [case], exercise=exercise, group_timeout=group_timeout,
+                     deadline=deadline)[0]
+
+
+def run_cases(fn, world_size, cases, *, exercise, group_timeout=GROUP_TIMEOUT, deadline=None):
+    """Several cases on the same ranks in one launch (a launch costs ~0.1-0.5 s, a case ~ms).
+
+    Each case is a dict like run_p2p's arguments: inputs (one per world rank), args, kwargs,
+    reference, groups, label. Returns, per case, the list of Calls (one per world rank).
+    """
+    warm_up()
+    per_rank = launch(_rank_side, world_size, fn, cases, exercise, group_timeout=group_timeout,
+                      deadline=deadline)
+    results = []
+    for index, case in enumerate(cases):
+        calls = [rank_calls[index] if index < len(rank_calls) else None for rank_calls in per_rank]
+        _raise_problems(calls, exercise, case.get("label"), group_timeout)
+        results.append(calls)
+    return results
+
+
+_WARM = []
+
+
+def warm_up():
+    """Pay, once in this process, what the first op under a dispatch mode costs: it imports
+    torch._dynamo (~1 s alone, ~4 s when 4 freshly forked ranks do it at once on 2 cores).
+    Ranks forked afterwards inherit the imports."""
+    if not _WARM:
+        with CommRecorder():
+            torch.ones(1).add_(1)
+        _WARM.append(True)
+
+
+def _rank_side(fn, cases, exercise):
+    """Runs on every rank: each case in order, stopping at the first one that went wrong."""
+    rank, calls = dist.get_rank(), []
+    for case in cases:
+        group, members = _make_group(case.get("groups"), rank)
+        call = Call(rank, None)
+        calls.append(call)
+        if members is None:
+            continue
+        call.group_rank = members.index(rank)
+        x = _to_device(case["inputs"][rank])
+        kwargs = dict(case.get("kwargs") or {})
+        if case.get("groups") is not None:
+            kwargs["group"] = group
+        if case.get("reference") == "all_reduce":
+            call.expected = x.clone()
+            dist.all_reduce(call.expected, group=group)
+        recorder = CommRecorder(p2p_only=True, exercise=exercise)
+        try:
+            with recorder:
+                call.result = fn(x, *case.get("args", ()), **kwargs)
+        except ForbiddenCollective as exc:
+            call.forbidden = str(exc)
+        except Exception as exc:  # a timeout or a vanished peer is a deadlock; anything else is a bug
+            if not (isinstance(exc, RuntimeError) and WAITED.search(str(exc))):
+                raise
+            call.stuck = _blocked_in(exc, recorder.ops, members)
+        call.ops = recorder.ops
+        call.result, call.after, call.expected = _cpu(call.result), _cpu(x), _cpu(call.expected)
+        if call.stuck or call.forbidden:
+            break  # peers will not match the next case's calls: stop here, report this one
+    return calls
+
+
+def _make_group(groups, rank):
+    """Create every group (all ranks must take part), return (this rank's group, its members)."""
+    if groups is None:
+        return None, list(range(dist.get_world_size()))
+    mine = (None, None)
+    for members in groups:
+        group = dist.new_group(list(members))
+        if rank in members:
+            mine = (group, list(members))
+    return mine
+
+
+def _to_device(value):
+    return value.to(rank_device()).clone() if isinstance(value, torch.Tensor) else value
+
+
+def _cpu(value):
+    """Tensors back to the CPU (inside lists too), so the caller never has to touch CUDA."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if type(value) in (list, tuple):
+        return type(value)(_cpu(v) for v in value)
+    return value
+
+
+def _blocked_in(exc, ops, members):
+    """Which call a rank was blocked in, from its traceback and the recorder's last calls.
+
+    Peers are named by world rank (the recorder sees ranks in the group).
+    """
+    world = lambda peer: members[peer] if peer is not None and peer < len(members) else peer
+    frames = traceback.extract_tb(exc.__traceback__)
+    c10d = [f for f in frames
+            if f.filename.replace("\\", "/").endswith("torch/distributed/distributed_c10d.py")]
+    call = c10d[0].name if c10d else "wait"
+    user = [f for f in frames if "site-packages" not in f.filename and "/dpcourse/" not in f.filename]
+    where = f" (`{user[-1].line.strip()}`)" if user and user[-1].line else ""
+    last = ops[-1] if ops else None
+    if call in ("send", "recv", "isend", "irecv") and last is not None and last.op in ("send", "recv"):
+        direction = "to" if last.op == "send" else "from"
+        return f"in {call} {direction} rank {world(last.peer)}{where}"
+    recent = ", ".join(f"{o.op} {'to' if o.op == 'send' else 'from'} rank {world(o.peer)}"
+                       for o in ops[-2:])
+    return f"in {call}(){where}" + (f", after {recent}" if recent else "")
+
+
+def _raise_problems(calls, exercise, label, group_timeout):
+    where = f" ({label})" if label else ""
+    forbidden = [c for c in calls if c is not None and c.forbidden]
+    if forbidden:
+        ranks = _names([c.rank for c in forbidden])
+        raise AssertionError(f"{forbidden[0].forbidden.replace(exercise, exercise + where, 1)} "
+                             f"[on rank{'s' if len(forbidden) > 1 else ''} {ranks}]")
+    stuck = [c for c in calls if c is not None and c.stuck]
+    if stuck:
+        members = [c for c in calls if c is not None and c.group_rank is not None]
+        lines = []
+        for c in members:
+            if c.stuck:
+                lines.append(f"  rank {c.rank}: blocked {c.stuck}")
+            else:
+                lines.append(f"  rank {c.rank}: finished its call ({len(c.sends)} send(s), "
+                             f"{len(c.ops) - len(c.sends)} recv(s))")
+        raise AssertionError(
+            f"{exercise}{where} deadlocked: rank{'s' if len(stuck) > 1 else ''} "
+            f"{_names([c.rank for c in stuck])} of {len(members)} waited {group_timeout:g} s for a "
+            f"partner that never came:\n" + "\n".join(lines) + "\n"
+            "A blocking dist.send returns only once its peer has posted the matching recv (and a recv "
+            "once a matching send arrives): if every rank sends first, or every rank receives first, "
+            "they wait in a circle. Order the calls so a partner is always posted (even ranks send "
+            "first, odd ranks receive first), or post isend/irecv together and then wait.")
+
+
+def _names(ranks):
+    names = [str(r) for r in ranks]
+    return ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]
+
+
+def members(calls):
+    """The calls of the ranks that took part (a case on a sub-group leaves the others out)."""
+    return [c for c in calls if c is not None and c.group_rank is not None]
+
+
+def whose(value, candidates):
+    """The index of the candidate tensor equal to `value` (e.g. which rank's input it is), or None."""
+    if not isinstance(value, torch.Tensor):
+        return None
+    for index, candidate in enumerate(candidates):
+        if (candidate.shape == value.shape and candidate.dtype == value.dtype
+                and torch.equal(candidate.cpu(), value.cpu())):
+            return index
+    return None
+
+
+def expect_same_bits(calls, what):
+    """Every rank must end with exactly the same bits: the point of an all-reduce."""
+    calls = members(calls)
+    first = calls[0]
+    for c in calls[1:]:
+        if not torch.equal(c.after, first.after):
+            diff = (c.after.double() - first.after.double()).abs().max().item()
+            raise AssertionError(
+                f"rank {c.rank}'s {what} differs from rank {first.rank}'s (by up to {diff:.3g}): every "
+                f"rank must end with exactly the same values, or replicas drift apart. Sum in one "
+                f"agreed order, or let one rank send its result to the others")
+
+
+def ring_budget(numel, element_size, world_size, phases):
+    """What a ring moves per rank: `phases` times N-1 steps, each one chunk of at most ⌈S/N⌉ elements.
+
+    Returns (messages, largest message in bytes, most bytes, ideal bytes = phases·(N-1)/N·S).
+    A reduce-scatter or an all-gather is one phase, an all-reduce two.
+    """
+    chunk = math.ceil(numel / world_size)
+    steps = phases * (world_size - 1)
+    return (steps, chunk * element_size, steps * chunk * element_size,
+            phases * (world_size - 1) / world_size * numel * element_size)
+
+
+def expect_ring_traffic(calls, numel, element_size, phases, what):
+    """Check each rank's sends against a ring's: at most phases·(N-1) messages of one chunk each.
+
+    A step is one send of a rank: rank r's k-th send is its step k. A ring all-reduce of S
+    bytes on N ranks takes 2(N-1) steps of ⌈S/N⌉ bytes (up to chunk rounding): each rank
+    sends 2(N-1)/N · S bytes, whatever N. Passing the whole tensor around sends (N-1)·S.
+    """
+    calls = members(calls)
+    n = len(calls)
+    steps, largest, most, ideal = ring_budget(numel, element_size, n, phases)
+    for c in calls:
+        sent = c.sends
+        total = sum(o.nbytes for o in sent)
+        formula = f"{phases * (n - 1)}/{n}·S" if phases > 1 else f"({n - 1}/{n})·S"
+        if total > most:
+            raise AssertionError(
+                f"rank {c.rank} sent {total / ideal:.1f}x the bytes of a ring {what}: {total} bytes in "
+                f"{len(sent)} message(s) for a tensor of S = {numel * element_size} bytes on {n} ranks; a "
+                f"ring sends {formula} = {ideal:.0f} bytes (up to chunk rounding), in {steps} steps of one "
+                f"chunk (⌈{numel}/{n}⌉ = {math.ceil(numel / n)} elements) each")
+        for step, o in enumerate(sent):
+            if o.nbytes > largest:
+                raise AssertionError(
+                    f"rank {c.rank}'s step {step} sent {o.nbytes} bytes to rank {o.peer}, more than one "
+                    f"chunk (⌈{numel}/{n}⌉ = {math.ceil(numel / n)} elements = {largest} bytes): in a ring "
+                    f"{what} each of the {steps} steps sends one chunk, not the whole tensor")
+        if len(sent) > steps:
+            raise AssertionError(
+                f"rank {c.rank} sent {len(sent)} messages: a ring {what} on {n} ranks takes {steps} steps, "
+                f"one chunk each")
+
+
+def traffic_table(calls):
+    """Rows (rank, sends, recvs, bytes sent, bytes received) to print under a demo."""
+    rows = []
+    for c in members(calls):
+        recvs = [o for o in c.ops if o.op == "recv"]
+        rows.append((c.rank, len(c.sends), len(recvs), c.sent_bytes, sum(o.nbytes for o in recvs)))
+    return rows
+
+
+def print_traffic(calls, title=None):
+    """Print who sent how many messages and bytes, straight from the recorder."""
+    if title:
+        print(title)
+    print(f"{'rank':>4} {'sends':>6} {'recvs':>6} {'bytes sent':>11} {'bytes received':>15}")
+    for rank, sends, recvs, sent, received in traffic_table(calls):
+        print(f"{rank:>4} {sends:>6} {recvs:>6} {sent:>11} {received:>15}")
+
+
+def expect_from(calls, inputs, source_of, what, attr="result"):
+    """Each rank r must hold inputs[source_of(r)] (as returned, or its tensor `after` the call).
+
+    On a mismatch, say whose input the rank got instead: "rank 0 returned rank 1's tensor".
+    """
+    for c in members(calls):
+        got, source = getattr(c, attr), source_of(c.rank)
+        expected = inputs[source]
+        if isinstance(got, torch.Tensor) and got.shape == expected.shape and got.dtype == expected.dtype \
+                and torch.equal(got, expected.cpu()):
+            continue
+        verb = "returned" if attr == "result" else "holds"
+        other = whose(got, inputs)
+        got_text = f"rank {other}'s tensor {describe(got)}" if other is not None else describe(got)
+        raise AssertionError(f"rank {c.rank}: {what} {verb} {got_text}; expected rank {source}'s: "
+                             f"{describe(expected)}")
+
+
+def expect_unchanged(calls, inputs, what):
+    """The input must be left as it was (a function that returns its result must not also edit x)."""
+    for c in members(calls):
+        if not torch.equal(c.after, inputs[c.rank].cpu()):
+            raise AssertionError(f"rank {c.rank}: {what} modified its input x: it is now "
+                                 f"{describe(c.after)}, was {describe(inputs[c.rank])}; receive into a "
+                                 f"new tensor instead")
