@@ -11,6 +11,7 @@ waiting on each other) a deadlock, reported with where every rank was stuck.
 import os
 import re
 import signal
+import sysconfig
 
 VICTIM = re.compile(r"closed by peer|Connection reset|Broken pipe|ECONNRESET|Connection refused"
                     r"|Socket closed|connection closed", re.I)
@@ -32,7 +33,7 @@ def describe_failure(ranks, stopped, why, deadline, group_timeout):
     failed = [r for r in ranks if r not in stopped and _is_failure(r)]
     genuine = [r for r in failed if _kind(r) not in ("victim", "waited")]
     waited = [r for r in failed if _kind(r) == "waited"]
-    running = [r for r in stopped if _stack(r) and not _in_communication(_stack(r))]
+    running = [r for r in stopped if _in_user_code(_stack(r)) and not _in_communication(_stack(r))]
     returned = [r for r in ranks if r.report is not None and r.report[0] == "ok"]
     others = lambda culprit: [r for r in ranks if r is not culprit]  # noqa: E731
 
@@ -186,6 +187,14 @@ def _stack(r):
             if f["path"].endswith("dpcourse/_rank.py"):
                 return frames[:i]
     return []
+
+
+def _in_user_code(frames):
+    """True if the stack holds a frame of the function being run (not only library frames):
+    a rank caught while formatting its own error report is not "running"."""
+    stdlib = sysconfig.get_paths()["stdlib"]
+    return any(not (f["path"].startswith(("<frozen", stdlib)) or "site-packages" in f["path"]
+                    or "/dpcourse/" in f["path"]) for f in frames)
 
 
 def _in_communication(frames):

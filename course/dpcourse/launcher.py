@@ -224,7 +224,7 @@ def _supervise(ranks, deadline, group_timeout):
             _pump(selector, timeout=0.02)
             _reap(ranks)
             if any(_failed(r) for r in ranks):
-                _pump(selector, timeout=0.05)  # let simultaneous reports arrive
+                _pump_for(selector, 0.3)  # let simultaneous failures (timeouts) report too
                 raise _failure(ranks, selector, "failed", deadline, group_timeout)
             if all(not r.alive for r in ranks):
                 _pump_until_closed(selector)
@@ -265,6 +265,12 @@ def _pump(selector, timeout):
                 r.report = pickle.loads(r.msg[8:])
         else:
             r.diag += chunk
+
+
+def _pump_for(selector, seconds):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        _pump(selector, timeout=0.02)
 
 
 def _pump_until_closed(selector, limit=5.0):
