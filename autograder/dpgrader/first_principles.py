@@ -76,7 +76,8 @@ def check_data_parallel_gradient(data_parallel_gradient):
                 if seed:  # stale gradients left by an earlier backward must not leak in
                     for p in model.parameters():
                         p.grad = torch.full_like(p, 7.0)
-                case = f"{name}, {len(x)} samples over {world} workers"
+                case = f"{name}, {len(x)} samples over {world} workers" + (
+                    " (the model arrives with stale .grad from an earlier step)" if seed else "")
                 expected = full_batch_gradient(model, loss_fn, x, y)
                 recording = RecordingLoss(loss_fn)
                 got = data_parallel_gradient(model, recording, x, y, world)

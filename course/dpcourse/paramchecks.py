@@ -35,8 +35,8 @@ def expect_close(got, expected, what, atol=ATOL, rtol=RTOL):
     if got.shape != expected.shape:
         raise AssertionError(f"{what} has shape {tuple(got.shape)}, expected {tuple(expected.shape)}")
     if got.is_floating_point() and not torch.isfinite(got).all():
-        raise AssertionError(f"{what} contains nan or inf: {describe(got)} (the mean loss of an empty "
-                             f"shard is nan: skip empty shards)")
+        raise AssertionError(f"{what} contains nan or inf: {describe(got)} (a division by an empty "
+                             f"shard's size, or by a zero variance?)")
     if not torch.allclose(got.double(), expected.double().cpu(), atol=atol, rtol=rtol):
         raise AssertionError(f"{what} is {describe(got)}, expected {describe(expected)}"
                              f"{ratio_hint(got, expected)}")
