@@ -75,7 +75,16 @@ def strip_module_prefix(state):
     return {(k[len("module."):] if k.startswith("module.") else k): v for k, v in state.items()}
 
 
-def expect_same_state(got, expected, what, rank=None, rtol=1e-7, atol=1e-9):
+def expect_run_results(results):
+    """Each rank returned the dict the exercise asks for: model, seen, losses."""
+    for rank, result in enumerate(results):
+        if not isinstance(result, dict) or not {"model", "seen", "losses"} <= set(result):
+            got = sorted(result) if isinstance(result, dict) else type(result).__name__
+            raise AssertionError(f"rank {rank}: train_ddp should return a dict with keys 'model', "
+                                 f"'seen' and 'losses', got {got}")
+
+
+def expect_same_state(got, expected, what, rank=None, rtol=1e-7, atol=1e-9, hint=""):
     """Compare two state_dicts entry by entry; name the first entry that differs, and by how much."""
     where = f"rank {rank}: " if rank is not None else ""
     if not isinstance(got, dict):
@@ -94,7 +103,7 @@ def expect_same_state(got, expected, what, rank=None, rtol=1e-7, atol=1e-9):
         if not torch.allclose(have, want, rtol=rtol, atol=atol):
             gap = (have - want).abs().max().item()
             raise AssertionError(f"{where}{what}: {name!r} differs from the single-process "
-                                 f"reference by up to {gap:.3g}")
+                                 f"reference by up to {gap:.3g}" + (f" ({hint})" if hint else ""))
 
 
 def expect_losses(results, expected, what="the epoch losses", rel=1e-9):
