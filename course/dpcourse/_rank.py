@@ -91,6 +91,12 @@ def join_group(rank, world_size, backend, store_path, group_timeout):
     store = dist.FileStore(store_path, world_size)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=group_timeout))
+    # gloo can return from init on one rank while another is still connecting; start the
+    # function on every rank together, so a rank failing at once never cuts a peer's connect.
+    if backend == "nccl":
+        dist.barrier(device_ids=[rank])
+    else:
+        dist.barrier()
     return store
 
 

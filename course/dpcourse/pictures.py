@@ -23,4 +23,3 @@ def plot_shards(shards, length, title="which rank holds which sample"):
     ax.set_title(title)
     ax.spines[:].set_visible(False)
     plt.show()
-    return fig
