@@ -1,0 +1,161 @@
+"""Hidden checks of 02_dataparallel. Each raises a short AssertionError saying what is wrong.
+
+The reference is always the plain module on the whole batch, or index arithmetic
+for scatter's pieces. CPU "devices" are checked everywhere; real GPUs only where
+the machine has at least two (the check says when it skipped them).
+"""
+
+import torch
+
+from dpcourse.checks import describe
+from dpcourse.data import mlp
+from dpcourse.dp_checks import expect_like_module, expect_same_structure
+from dpcourse.dp_probes import Fails, Keywords, ParallelProbe, TwoHeads, indexed_batch
+from dpcourse.dp_replicas import cpu_devices, gpu_devices
+
+
+def piece_sizes(n, k):
+    """Sizes of k pieces of n rows, the first n % k one larger (computed without tensor_split)."""
+    return [n // k + (1 if i < n % k else 0) for i in range(k)]
+
+
+def expected_pieces(obj, sizes, devices):
+    """Piece i of a nested object, by explicit row ranges."""
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+
+    def piece(o, i):
+        if isinstance(o, torch.Tensor):
+            return o[starts[i]:starts[i] + sizes[i]].to(devices[i])
+        if isinstance(o, tuple):
+            return tuple(piece(v, i) for v in o)
+        if isinstance(o, list):
+            return [piece(v, i) for v in o]
+        if isinstance(o, dict):
+            return {k: piece(v, i) for k, v in o.items()}
+        return o
+
+    return [piece(obj, i) for i in range(len(sizes))]
+
+
+def check_pieces(scatter, obj, devices, rows, what):
+    used = max(1, min(len(devices), rows)) if rows is not None else len(devices)
+    sizes = piece_sizes(rows, used) if rows is not None else [0] * used
+    expected = expected_pieces(obj, sizes, devices)
+    got = scatter(obj, devices)
+    if not isinstance(got, list):
+        raise AssertionError(f"scatter of {what} over {len(devices)} devices should return a list, got "
+                             f"{describe(got)[:200]}")
+    if len(got) != len(expected):
+        raise AssertionError(f"scatter of {what} over {len(devices)} devices gave {len(got)} pieces, "
+                             f"expected {len(expected)}" + (f" (pieces of sizes {sizes})" if rows else ""))
+    for i, (g, e) in enumerate(zip(got, expected, strict=True)):
+        expect_same_structure(g, e, f"scatter of {what} over {len(devices)} devices: piece {i}",
+                              devices=devices[i])
+    return got
+
+
+def check_scatter(scatter):
+    skipped = []
+    device_sets = [("CPU", cpu_devices)]
+    gpus = gpu_devices()
+    if len(gpus) >= 2:
+        device_sets.append(("GPU", lambda n: [gpus[i % len(gpus)] for i in range(n)]))
+    else:
+        skipped.append("real GPUs (this machine has fewer than 2)")
+    for kind, make in device_sets:
+        x = torch.arange(30.0).reshape(10, 3)
+        y = torch.arange(10)
+        check_pieces(scatter, x, make(4), 10, f"a ({kind}) 10x3 tensor")
+        check_pieces(scatter, x[:7], make(3), 7, f"a ({kind}) batch of 7")
+        check_pieces(scatter, x[:3], make(4), 3, f"a ({kind}) batch of 3 (fewer rows than devices)")
+        check_pieces(scatter, x[:5], make(1), 5, f"a ({kind}) batch of 5 on one device")
+        check_pieces(scatter, (x, y), make(3), 10, f"a ({kind}) tuple (x, y)")
+        check_pieces(scatter, [x, [y, "tag"]], make(2), 10, f"a ({kind}) nested list [x, [y, 'tag']]")
+        label = object()
+        check_pieces(scatter, {"x": x[:6], "scale": 2.5, "label": label, "none": None}, make(4), 6,
+                     f"a ({kind}) dict with a tensor, a float, an object and None")
+        check_pieces(scatter, ((x[:9],), {"offset": y[:9], "scale": 0.5}), make(3), 9,
+                     f"({kind}) (inputs, kwargs) as MiniDataParallel passes them")
+        check_pieces(scatter, (1, "a"), make(3), None, f"({kind}) an object holding no tensor")
+    # gradients flow back through the pieces
+    x = torch.randn(7, 2, requires_grad=True)
+    pieces = scatter(x, cpu_devices(3))
+    total = sum((p * (i + 1)).sum() for i, p in enumerate(pieces))
+    if not isinstance(total, torch.Tensor) or not total.requires_grad:
+        raise AssertionError("scatter's pieces of a tensor that requires grad do not require grad: "
+                             "gradients could not flow back to the inputs")
+    (grad,) = torch.autograd.grad(total, [x])
+    expected = torch.tensor([1.0] * 3 + [2.0] * 2 + [3.0] * 2).unsqueeze(1).expand(7, 2)
+    if not torch.equal(grad, expected):
+        raise AssertionError(f"the gradient through scatter's pieces is {describe(grad)}, expected "
+                             f"{describe(expected)}")
+    if skipped:
+        print("scatter: hidden checks on real GPUs SKIPPED:", *skipped)
+
+
+def check_mini_data_parallel(MiniDataParallel):
+    cpu = cpu_devices
+    # uneven batches, one device, more devices than rows
+    for rows, n in [(7, 3), (5, 1), (2, 4), (13, 5)]:
+        model = mlp(4, 8, 2, seed=rows)
+        probe = ParallelProbe(model)
+        x = indexed_batch(rows, seed=n)
+        expect_like_module(MiniDataParallel(probe, cpu(n)), model, (x,),
+                           what=f"MiniDataParallel on {n} CPU devices, batch of {rows}")
+        used = sorted(tuple(c["rows"]) for c in probe.calls)
+        want = [tuple(range(s, s + k)) for s, k in zip(
+            [sum(piece_sizes(rows, min(n, rows))[:i]) for i in range(min(n, rows))],
+            piece_sizes(rows, min(n, rows)), strict=True)]
+        if used != sorted(want):
+            raise AssertionError(f"MiniDataParallel on {n} CPU devices, batch of {rows}: the replicas ran on "
+                                 f"rows {[list(u) for u in used]}, expected {[list(w) for w in want]}")
+    # every replica in its own thread, outputs in device order whatever finishes first
+    model = mlp(4, 8, 3, seed=1)
+    probe = ParallelProbe(model, parties=3, first_finishes_last=0.2)
+    expect_like_module(MiniDataParallel(probe, cpu(3)), model, (indexed_batch(9),),
+                       what="MiniDataParallel on 3 CPU devices whose first replica finishes last")
+    # no_grad is carried into the threads
+    model = mlp(4, 8, 2, seed=4)
+    with torch.no_grad():
+        out = MiniDataParallel(model, cpu(2))(indexed_batch(6))
+    if out.requires_grad:
+        raise AssertionError("under torch.no_grad() the output of MiniDataParallel requires grad: grad mode "
+                             "is per thread, so set it in each thread (torch.set_grad_enabled(...))")
+    # an exception in a replica reaches the caller
+    try:
+        MiniDataParallel(Fails(bad_row=5), cpu(3))(indexed_batch(9))
+    except ValueError as exc:
+        if "row 5 is corrupt" not in str(exc):
+            raise AssertionError(f"a replica raised ValueError('row 5 is corrupt') but the caller got "
+                                 f"ValueError({str(exc)!r})") from None
+    else:
+        raise AssertionError("a replica raised ValueError('row 5 is corrupt'), but MiniDataParallel returned "
+                             "normally: re-raise a replica's exception in the caller")
+    # tuple outputs, nested, with a non-tensor inside
+    model = TwoHeads(seed=3)
+    expect_like_module(MiniDataParallel(model, cpu(4)), model, (indexed_batch(10),),
+                       what="MiniDataParallel of a module returning (scores, (embedding, 'label'))")
+    # keyword inputs: a tensor split with the batch, a number passed to every replica
+    model = Keywords(seed=2)
+    x, offset = indexed_batch(7, seed=2), torch.randn(7, 2)
+    expect_like_module(MiniDataParallel(model, cpu(3)), model, (x,), dict(scale=0.5, offset=offset),
+                       what="MiniDataParallel with keyword inputs scale=0.5, offset=<7x2 tensor>")
+    check_mini_data_parallel_on_gpus(MiniDataParallel)
+
+
+def check_mini_data_parallel_on_gpus(MiniDataParallel):
+    """The real-device path (torch.nn.parallel.replicate); needs >= 2 GPUs, says when it skipped."""
+    gpus = gpu_devices()
+    if len(gpus) < 2:
+        print("MiniDataParallel: check on real GPUs SKIPPED (this machine has fewer than 2 GPUs)")
+        return
+    devices = gpus[:2]
+    model = mlp(4, 8, 2, seed=5).to(devices[0])
+    x = indexed_batch(7).to(devices[0])
+    expect_like_module(MiniDataParallel(model, devices), model, (x,),
+                       what=f"MiniDataParallel on {devices}", output_device=devices[0])
+    model = TwoHeads(seed=6).to(devices[0])
+    expect_like_module(MiniDataParallel(model, devices, output_device=devices[1]), model,
+                       (indexed_batch(5).to(devices[0]),),
+                       what=f"MiniDataParallel on {devices} with output_device {devices[1]}",
+                       output_device=devices[1])
