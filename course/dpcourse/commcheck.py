@@ -79,7 +79,6 @@ def run_cases(fn, world_size, cases, *, exercise, group_timeout=GROUP_TIMEOUT, d
     Each case is a dict like run_p2p's arguments: inputs (one per world rank), args, kwargs,
     reference, groups, label. Returns, per case, the list of Calls (one per world rank).
     """
-    warm_up()
     per_rank = launch(_rank_side, world_size, fn, cases, exercise, group_timeout=group_timeout,
                       deadline=deadline)
     results = []
@@ -90,17 +89,19 @@ def run_cases(fn, world_size, cases, *, exercise, group_timeout=GROUP_TIMEOUT, d
     return results
 
 
+def warm_up(*recorder_classes):
+    """Pay here, once, what the first op under a dispatch mode costs: torch imports torch._dynamo
+    on first use of each mode class (~1 s alone, ~4 s when 4 freshly forked ranks all do it at
+    once on 2 cores). Ranks forked afterwards inherit it. Runs when this module is imported."""
+    for cls in recorder_classes or (CommRecorder,):
+        if cls not in _WARM:
+            with cls(torch.ones(1)) if cls is not CommRecorder else cls():
+                torch.ones(1).add_(1)
+            _WARM.append(cls)
+
+
 _WARM = []
-
-
-def warm_up():
-    """Pay, once in this process, what the first op under a dispatch mode costs: it imports
-    torch._dynamo (~1 s alone, ~4 s when 4 freshly forked ranks do it at once on 2 cores).
-    Ranks forked afterwards inherit the imports."""
-    if not _WARM:
-        with CommRecorder():
-            torch.ones(1).add_(1)
-        _WARM.append(True)
+warm_up()
 
 
 def _rank_side(fn, cases, exercise):
@@ -127,6 +128,10 @@ def _rank_side(fn, cases, exercise):
         except ForbiddenCollective as exc:
             call.forbidden = str(exc)
         except Exception as exc:  # a timeout or a vanished peer is a deadlock; anything else is a bug
+            if isinstance(exc, RuntimeError) and "Pair is not connected" in str(exc):
+                raise RuntimeError(f"{exercise}: rank {rank} sent to or received from itself (gloo: \"Pair "
+                                   f"is not connected\"): a rank has no connection to itself; on a single "
+                                   f"rank there is nobody to talk to") from exc
             if not (isinstance(exc, RuntimeError) and WAITED.search(str(exc))):
                 raise
             call.stuck = _blocked_in(exc, recorder.ops, members)
@@ -331,3 +336,46 @@ def expect_unchanged(calls, inputs, what):
             raise AssertionError(f"rank {c.rank}: {what} modified its input x: it is now "
                                  f"{describe(c.after)}, was {describe(inputs[c.rank])}; receive into a "
                                  f"new tensor instead")
+
+
+def expect_tree_messages(calls, world, src, what):
+    """Each rank but src receives exactly once; no rank sends more than ceil(log2 N) messages."""
+    limit = math.ceil(math.log2(world)) if world > 1 else 0
+    for c in members(calls):
+        recvs = [o for o in c.ops if o.op == "recv"]
+        if c.rank == src and recvs:
+            raise AssertionError(f"{what}: the source rank {src} received {len(recvs)} message(s); it "
+                                 f"already has the data")
+        if c.rank != src and len(recvs) != 1:
+            raise AssertionError(f"{what}: rank {c.rank} received {len(recvs)} messages; every rank but "
+                                 f"the source needs exactly one")
+        if len(c.sends) > limit:
+            raise AssertionError(
+                f"{what}: rank {c.rank} sent {len(c.sends)} messages; in a tree (or a ring) no rank sends "
+                f"more than ⌈log2 {world}⌉ = {limit}: a source that sends a copy to every rank is the "
+                f"bottleneck a broadcast algorithm avoids")
+
+
+def expect_gathered(calls, inputs, what):
+    """Every rank returns [x of rank 0, ..., x of rank N-1], sends at most (N-1)·|x| bytes, keeps x."""
+    world = len(inputs)
+    for c in members(calls):
+        got = c.result
+        if not isinstance(got, (list, tuple)) or len(got) != world:
+            raise AssertionError(f"rank {c.rank}: {what} returned {describe(got)}; expected a list of "
+                                 f"{world} tensors, entry i being rank i's x")
+        for i, entry in enumerate(got):
+            expected = inputs[i]
+            if not (isinstance(entry, torch.Tensor) and entry.shape == expected.shape
+                    and entry.dtype == expected.dtype and torch.equal(entry, expected.cpu())):
+                other = whose(entry, inputs)
+                text = f"rank {other}'s x {describe(entry)}" if other is not None else describe(entry)
+                raise AssertionError(f"rank {c.rank}: {what}: entry {i} of the list is {text}; expected "
+                                     f"rank {i}'s x {describe(expected)}")
+        nbytes = inputs[c.rank].numel() * inputs[c.rank].element_size()
+        if world > 1 and c.sent_bytes > (world - 1) * nbytes:
+            raise AssertionError(
+                f"rank {c.rank} sent {c.sent_bytes / ((world - 1) * nbytes):.1f}x the bytes an all-gather "
+                f"needs ({c.sent_bytes} bytes; each rank only has to get its own {nbytes} bytes to the "
+                f"{world - 1} others, directly or passed along a ring)")
+    expect_unchanged(calls, inputs, what)

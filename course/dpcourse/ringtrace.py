@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from . import maskpics
+from .commcheck import warm_up
 from .env import rank_device
 from .recorder import CommRecorder
 
@@ -46,6 +47,9 @@ class ChunkRecorder(CommRecorder):
             return None
         start = (tensor.storage_offset() - base.storage_offset())
         return (start, start + tensor.numel())
+
+
+warm_up(ChunkRecorder)  # the first dispatch of a mode class is slow: pay it in the caller, not in ranks
 
 
 def trace_ring(fn, length, *args, **kwargs):
