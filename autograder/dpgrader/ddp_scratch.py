@@ -1,0 +1,585 @@
+"""Hidden checks of 05_ddp_from_scratch. Each raises a short AssertionError saying what is wrong.
+
+The yardstick of every DDP check is independent of the learner's code: one process
+training on the same global batches (dpcourse.ddp_toys), torch's own
+DistributedSampler, and bucket counts computed from the rule the notebook states.
+Communication is observed with dpcourse.recorder.CommRecorder, inside the ranks.
+"""
+
+import math
+import time
+from collections import Counter
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DistributedSampler
+
+from dpcourse import LaunchError, launch
+from dpcourse.checks import describe
+from dpcourse.ddp_toys import (
+    MODELS,
+    expect_averaged_gradients,
+    expect_identical_across_ranks,
+    expect_same_state,
+    expect_single_process_equivalence,
+    gradients_of,
+    loss_fn,
+    my_share,
+    regression_data,
+    sgd,
+    single_process_gradients,
+    state_of,
+)
+from dpcourse.env import rank_device
+from dpcourse.recorder import CommRecorder
+
+GROUP_TIMEOUT = 5
+
+
+def _launch(fn, world_size, *args):
+    return launch(fn, world_size, *args, group_timeout=GROUP_TIMEOUT)
+
+
+def _short(values, limit=8):
+    values = list(values)
+    return str(values[:limit])[:-1] + (f", … ({len(values)} values)]" if len(values) > limit else "]")
+
+
+# --------------------------------------------------------------------------- 1. broadcast_model
+
+def _perturb_buffers(model, rank):
+    """Make every buffer rank-dependent (running statistics, counters), as local training would."""
+    with torch.no_grad():
+        for buffer in model.buffers():
+            buffer.add_(rank + 1)
+
+
+def _broadcast_cases(broadcast_model, names, seed):
+    rank = dist.get_rank()
+    results = {}
+    for name in names:
+        model = MODELS[name](seed=seed + rank, device=rank_device())
+        _perturb_buffers(model, rank)
+        before = [id(p) for p in model.parameters()]
+        broadcast_model(model)
+        results[name] = (state_of(model), before == [id(p) for p in model.parameters()])
+    return results
+
+
+def check_broadcast_model(broadcast_model):
+    for world_size, names in [(3, ["mlp_with_batchnorm", "frozen_first_layer", "tied_layers", "deep_mlp"]),
+                              (1, ["mlp_with_batchnorm"])]:
+        per_rank = _launch(_broadcast_cases, world_size, broadcast_model, names, 20)
+        for name in names:
+            expected = MODELS[name](seed=20)
+            _perturb_buffers(expected, 0)
+            expected = state_of(expected)
+            for rank, results in enumerate(per_rank):
+                state, same_objects = results[name]
+                expect_same_state(state, expected, f"after broadcast_model({name}) on {world_size} ranks, "
+                                  f"every parameter and buffer should hold rank 0's values", rank=rank,
+                                  atol=0.0)
+                if not same_objects:
+                    raise AssertionError(f"rank {rank}: broadcast_model({name}) replaced parameter objects: "
+                                         f"copy into the existing tensors (an optimizer built before the "
+                                         f"broadcast still points to them)")
+
+
+# --------------------------------------------------------------------------- 2. ShardSampler
+
+SAMPLER_CASES = [  # n, world size, shuffle, seed, drop_last
+    (10, 4, True, 0, False), (10, 4, True, 0, True), (10, 4, False, 0, False), (10, 4, False, 0, True),
+    (3, 4, True, 1, False), (7, 1, True, 2, False), (12, 3, True, 5, False), (13, 5, True, 7, True),
+    (10_001, 4, True, 3, False), (10_001, 4, True, 3, True),
+]
+
+
+def _learner_indices(ShardSampler, n, world_size, shuffle, seed, drop_last, epoch):
+    shards = []
+    for rank in range(world_size):
+        sampler = ShardSampler(n, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed,
+                               drop_last=drop_last)
+        sampler.set_epoch(epoch)
+        indices = [int(i) for i in sampler]
+        if len(sampler) != len(indices):
+            raise AssertionError(f"ShardSampler({n}, num_replicas={world_size}, rank={rank}): len() says "
+                                 f"{len(sampler)} but iterating gives {len(indices)} indices")
+        shards.append(indices)
+    return shards
+
+
+def explain_sampler_shards(shards, n, drop_last, what):
+    """The policy's properties, each with its own message (used before the exact comparison)."""
+    world_size = len(shards)
+    length = n // world_size if drop_last else math.ceil(n / world_size)
+    for rank, shard in enumerate(shards):
+        if len(shard) != length:
+            raise AssertionError(
+                f"{what}: rank {rank} gets {len(shard)} indices, expected {length} "
+                f"({'drop_last: floor' if drop_last else 'padded: ceil'}({n}/{world_size})): every rank "
+                f"must get the same number of samples, or one rank runs an extra step and its "
+                f"all-reduce waits forever")
+    if world_size > 1 and n >= world_size and all(s == shards[0] for s in shards):
+        raise AssertionError(f"{what}: every rank gets the same indices {_short(shards[0])}: all ranks "
+                             f"train on the same data (use the rank to pick positions rank, rank+N, ...)")
+    counts = Counter(i for shard in shards for i in shard)
+    outside = sorted(i for i in counts if not 0 <= i < n)
+    if outside:
+        raise AssertionError(f"{what}: indices {_short(outside)} are not in range({n})")
+    if drop_last:
+        twice = sorted(i for i, c in counts.items() if c > 1)
+        if twice:
+            raise AssertionError(f"{what}: samples {_short(twice)} are used more than once in an epoch "
+                                 f"(drop_last drops the tail, it never repeats)")
+    else:
+        never = sorted(set(range(n)) - set(counts))
+        if never:
+            raise AssertionError(f"{what}: samples {_short(never)} are never used in this epoch: every "
+                                 f"sample must be seen at least once across ranks")
+        extra = sum(counts.values()) - n
+        repeated = sum(c - 1 for c in counts.values())
+        if repeated != extra or max(counts.values()) > 1 + math.ceil(extra / max(n, 1)):
+            raise AssertionError(f"{what}: some samples are used too often, e.g. sample "
+                                 f"{counts.most_common(1)[0][0]} {counts.most_common(1)[0][1]} times")
+
+
+def check_shard_sampler(ShardSampler):
+    for n, world_size, shuffle, seed, drop_last in SAMPLER_CASES:
+        per_epoch = []
+        for epoch in range(3):
+            what = (f"ShardSampler({n}, num_replicas={world_size}, shuffle={shuffle}, seed={seed}, "
+                    f"drop_last={drop_last}), epoch {epoch}")
+            shards = _learner_indices(ShardSampler, n, world_size, shuffle, seed, drop_last, epoch)
+            explain_sampler_shards(shards, n, drop_last, what)
+            per_epoch.append(shards)
+            for rank, shard in enumerate(shards):
+                reference = DistributedSampler(range(n), num_replicas=world_size, rank=rank, shuffle=shuffle,
+                                               seed=seed, drop_last=drop_last)
+                reference.set_epoch(epoch)
+                expected = list(reference)
+                if shuffle and epoch and n > 3 and shard == per_epoch[0][rank]:
+                    raise AssertionError(f"{what}: rank {rank} gets the same order as in epoch 0: "
+                                         f"set_epoch must change the shuffle (seed it with seed + epoch)")
+                if shard != expected:
+                    raise AssertionError(f"{what}: rank {rank} gets {_short(shard)}, DistributedSampler "
+                                         f"gives {_short(expected)} (shuffle with torch.randperm and a "
+                                         f"generator seeded with seed + epoch, pad with the first "
+                                         f"indices, then take positions rank, rank + N, ...)")
+
+
+# --------------------------------------------------------------------------- training on ranks
+
+def _make(name, seed):
+    return lambda: MODELS[name](seed=seed)
+
+
+def _run_steps(step_fn, X, Y, steps, per_rank):
+    """Shared loop: step_fn(step, xb, yb) -> gradients to report (or None); returns (first grads, ...)."""
+    first = None
+    for step in range(steps):
+        xb, yb = my_share(X, Y, step, per_rank)
+        grads = step_fn(step, xb, yb)
+        if step == 0:
+            first = grads
+    return first
+
+
+def _failure(exc, what):
+    return AssertionError(f"{what} raised {type(exc).__name__}: {exc}")
+
+
+# --------------------------------------------------------------------------- 3. average_gradients
+
+def _naive_cases(average_gradients, cases, steps, per_rank):
+    out = []
+    for name, seed in cases:
+        X, Y = regression_data(steps * per_rank * dist.get_world_size(), seed=seed)
+        model = MODELS[name](seed=seed, device=rank_device())
+        opt = sgd(model)
+
+        def step_fn(step, xb, yb, model=model, opt=opt):
+            opt.zero_grad()
+            loss_fn(model(xb), yb).backward()
+            average_gradients(model)
+            grads = gradients_of(model)
+            opt.step()
+            return grads
+        try:
+            first = _run_steps(step_fn, X, Y, steps, per_rank)
+        except Exception as exc:  # noqa: BLE001 - reported with the model's name
+            return ("error", name, f"{type(exc).__name__}: {exc}")
+        out.append((first, state_of(model)))
+    return ("ok", out)
+
+
+def _expect_cases(per_rank_results, cases, steps, per_rank, what):
+    for rank, result in enumerate(per_rank_results):
+        if result[0] == "error":
+            raise AssertionError(f"rank {rank}: {what} raised on {result[1]}: {result[2]}")
+    for i, (name, seed) in enumerate(cases):
+        X, Y = regression_data(steps * per_rank * len(per_rank_results), seed=seed)
+        expect_single_process_equivalence([r[1][i] for r in per_rank_results], _make(name, seed), X, Y,
+                                          steps, per_rank, f"{what} on {name}, {len(per_rank_results)} ranks")
+
+
+def check_average_gradients(average_gradients):
+    cases = [("deep_mlp", 3), ("frozen_first_layer", 4), ("tied_layers", 5), ("unused_head", 6)]
+    for world_size in (3, 1):
+        results = _launch(_naive_cases, world_size, average_gradients, cases, 3, 2)
+        _expect_cases(results, cases, 3, 2, "average_gradients")
+
+
+# --------------------------------------------------------------------------- 4. BucketedDDP
+
+def expected_buckets(model, bucket_cap):
+    """Byte sizes of the buckets the stated rule makes (reverse order, close at >= bucket_cap)."""
+    sizes, size = [], 0
+    for p in reversed([p for p in model.parameters() if p.requires_grad]):
+        size += p.numel() * p.element_size()
+        if size >= bucket_cap:
+            sizes.append(size)
+            size = 0
+    return sizes + ([size] if size else [])
+
+
+def _bucketed_cases(BucketedDDP, cases, steps, per_rank):
+    out = []
+    for name, seed, cap in cases:
+        X, Y = regression_data(steps * per_rank * dist.get_world_size(), seed=seed)
+        module = MODELS[name](seed=seed, device=rank_device())
+        try:
+            ddp = BucketedDDP(module, bucket_cap=cap)
+        except Exception as exc:  # noqa: BLE001
+            return ("error", f"BucketedDDP({name}, bucket_cap={cap})", f"{type(exc).__name__}: {exc}")
+        opt = sgd(module)
+        comms = []
+
+        def step_fn(step, xb, yb, ddp=ddp, module=module, opt=opt, comms=comms):
+            opt.zero_grad()
+            with CommRecorder() as rec:
+                loss_fn(ddp(xb), yb).backward()
+                ddp.finish_gradient_sync()
+            comms.append([(o.op, o.nbytes) for o in rec.collectives])
+            grads = gradients_of(module)
+            opt.step()
+            return grads
+        try:
+            first = _run_steps(step_fn, X, Y, steps, per_rank)
+        except Exception as exc:  # noqa: BLE001
+            return ("error", f"a step of BucketedDDP({name}, bucket_cap={cap})",
+                    f"{type(exc).__name__}: {exc}")
+        out.append((first, state_of(module), comms))
+    return ("ok", out)
+
+
+def expect_bucket_traffic(comms, model, cap, what, rank=0):
+    """comms[step] = [(op, nbytes), ...] of one rank: one all-reduce per bucket, every gradient once."""
+    sizes = expected_buckets(model, cap)
+    total = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    for step, ops in enumerate(comms):
+        others = sorted({op for op, _ in ops if op != "all_reduce"})
+        if others:
+            raise AssertionError(f"rank {rank}: {what} called {others} in step {step}: use dist.all_reduce")
+        if len(ops) != len(sizes):
+            raise AssertionError(
+                f"rank {rank}: {what} issued {len(ops)} all-reduces in step {step}, expected "
+                f"{len(sizes)} (buckets of {sizes} bytes: parameters in reverse order, a bucket closes "
+                f"once it holds >= {cap} bytes)")
+        sent = sum(n for _, n in ops)
+        if sent != total:
+            raise AssertionError(f"rank {rank}: {what} all-reduced {sent} bytes in step {step}, but the "
+                                 f"gradients hold {total} bytes: a parameter is left out or sent twice")
+
+
+def _overlap_probe(BucketedDDP, cap, depth=12):
+    """One step of a deep MLP; returns (issue times of the all-reduces, time backward returned)."""
+    X, Y = regression_data(32 * dist.get_world_size(), seed=8)
+    ddp = BucketedDDP(MODELS["deep_mlp"](depth=depth, width=64, seed=8, device=rank_device()), bucket_cap=cap)
+    xb, yb = my_share(X, Y, 0, 32)
+    with CommRecorder() as rec:
+        loss_fn(ddp(xb), yb).backward()
+        backward_end = time.perf_counter()
+        ddp.finish_gradient_sync()
+    return [o.start for o in rec.ops if o.op == "all_reduce"], backward_end
+
+
+def expect_overlap(starts, backward_end, what, rank=0):
+    if not starts:
+        raise AssertionError(f"rank {rank}: {what} issued no all-reduce")
+    if starts[0] >= backward_end:
+        raise AssertionError(
+            f"rank {rank}: {what}: the first all-reduce started {1e3 * (starts[0] - backward_end):.2f} ms "
+            f"after backward ended: nothing overlaps with backward. Launch each bucket's all-reduce from "
+            f"the gradient hooks, as soon as the bucket is full")
+
+
+def _slow_peer(BucketedDDP, delay):
+    """Rank 1 starts backward `delay` s late. Returns rank's (gradients, backward s, sync s)."""
+    X, Y = regression_data(4 * dist.get_world_size(), seed=9)
+    module = MODELS["deep_mlp"](seed=9, device=rank_device())
+    ddp = BucketedDDP(module, bucket_cap=200)
+    xb, yb = my_share(X, Y, 0, 4)
+    loss = loss_fn(ddp(xb), yb)
+    if dist.get_rank() == 1:
+        time.sleep(delay)
+    start = time.perf_counter()
+    loss.backward()
+    middle = time.perf_counter()
+    ddp.finish_gradient_sync()
+    end = time.perf_counter()
+    grads = gradients_of(module)
+    dist.barrier()  # a bucket left in flight completes before the ranks leave
+    return grads, middle - start, end - middle
+
+
+def _unused_probe(BucketedDDP):
+    X, Y = regression_data(4 * dist.get_world_size(), seed=10)
+    ddp = BucketedDDP(MODELS["unused_head"](seed=10, device=rank_device()), bucket_cap=10 ** 9)
+    xb, yb = my_share(X, Y, 0, 4)
+    try:
+        loss_fn(ddp(xb), yb).backward()
+        ddp.finish_gradient_sync()
+    except RuntimeError as exc:
+        return ("RuntimeError", str(exc))
+    except Exception as exc:  # noqa: BLE001
+        return (type(exc).__name__, str(exc))
+    return None
+
+
+def check_bucketed_ddp(BucketedDDP):
+    """Deterministic checks first (a late peer, unused parameters), then equality, traffic, overlap."""
+    delay = 0.5
+    grads, backward_s, _ = _launch(_slow_peer, 2, BucketedDDP, delay)[0]
+    X, Y = regression_data(8, seed=9)
+    model = MODELS["deep_mlp"](seed=9)
+    average = single_process_gradients(model, X, Y)
+    local = single_process_gradients(model, *my_share(X, Y, 0, 4, 0, 2, "cpu"))
+    expect_averaged_gradients(grads, average, local, 2, f"with rank 1 starting backward {delay} s late, "
+                              f"after finish_gradient_sync returned", rank=0)
+    if _backend_is_gloo() and backward_s > delay / 2:
+        raise AssertionError(
+            f"rank 0: with rank 1 starting backward {delay} s late, rank 0's backward took {backward_s:.2f} "
+            f"s: the hooks wait for each all-reduce, so backward stalls instead of overlapping. Launch "
+            f"with async_op=True in the hooks and wait only in finish_gradient_sync")
+
+    for rank, outcome in enumerate(_launch(_unused_probe, 2, BucketedDDP)):
+        if outcome is None:
+            raise AssertionError(
+                f"rank {rank}: BucketedDDP trained a model whose parameters unused_head.weight and "
+                f"unused_head.bias get no gradient, without complaint: their bucket is never reduced. "
+                f"finish_gradient_sync must raise a RuntimeError naming them")
+        kind, message = outcome
+        if kind != "RuntimeError" or "unused_head" not in message:
+            raise AssertionError(f"rank {rank}: on a model with an unused parameter, BucketedDDP raised "
+                                 f"{kind}: {message[:200]!r}; expected a RuntimeError naming "
+                                 f"unused_head.weight")
+
+    cases = [("deep_mlp", 11, 1), ("deep_mlp", 12, 600), ("deep_mlp", 13, 10 ** 9),
+             ("tied_layers", 14, 700), ("frozen_first_layer", 15, 300)]
+    for world_size in (3, 1):
+        results = _launch(_bucketed_cases, world_size, BucketedDDP, cases, 3, 2)
+        for rank, result in enumerate(results):
+            if result[0] == "error":
+                raise AssertionError(f"rank {rank}: {result[1]} raised {result[2]}")
+        for i, (name, seed, cap) in enumerate(cases):
+            what = f"BucketedDDP({name}, bucket_cap={cap}) on {world_size} ranks"
+            X, Y = regression_data(3 * 2 * world_size, seed=seed)
+            expect_single_process_equivalence([r[1][i][:2] for r in results], _make(name, seed), X, Y, 3, 2,
+                                              what)
+            for rank, result in enumerate(results):
+                expect_bucket_traffic(result[1][i][2], MODELS[name](seed=seed), cap, what, rank)
+
+    for rank, (starts, backward_end) in enumerate(_launch(_overlap_probe, 2, BucketedDDP, 4096)):
+        expect_overlap(starts, backward_end, "BucketedDDP(deep_mlp(depth=12), bucket_cap=4096)", rank)
+
+
+def _backend_is_gloo():
+    from dpcourse import resolve_backend
+
+    return resolve_backend(2) == "gloo"
+
+
+# --------------------------------------------------------------------------- 5. AccumulatingDDP
+
+class _Probe(Exception):
+    pass
+
+
+def _accumulation_cases(AccumulatingDDP, cases, steps, micro, K):
+    out = []
+    for name, seed in cases:
+        X, Y = regression_data(steps * K * micro * dist.get_world_size(), seed=seed)
+        module = MODELS[name](seed=seed, device=rank_device())
+        ddp = AccumulatingDDP(module)
+        opt = sgd(module)
+        counts = []
+
+        def step_fn(step, xb, yb, ddp=ddp, module=module, opt=opt, counts=counts):
+            opt.zero_grad()
+            for k in range(K):
+                rows = slice(k * micro, (k + 1) * micro)
+                with CommRecorder() as rec:
+                    if k < K - 1:
+                        with ddp.no_sync():
+                            (loss_fn(ddp(xb[rows]), yb[rows]) / K).backward()
+                    else:
+                        (loss_fn(ddp(xb[rows]), yb[rows]) / K).backward()
+                counts.append((k < K - 1, len(rec.collectives)))
+            grads = gradients_of(module)
+            opt.step()
+            return grads
+        try:
+            first = _run_steps(step_fn, X, Y, steps, K * micro)
+            xb, yb = my_share(X, Y, 0, K * micro)
+            try:
+                with ddp.no_sync():
+                    raise _Probe()
+            except _Probe:
+                pass
+            with CommRecorder() as rec:
+                loss_fn(ddp(xb), yb).backward()
+            after_exception = len(rec.collectives)
+            with ddp.no_sync():
+                with ddp.no_sync():
+                    pass
+                with CommRecorder() as rec:
+                    loss_fn(ddp(xb), yb).backward()
+                nested = len(rec.collectives)
+        except Exception as exc:  # noqa: BLE001
+            return ("error", name, f"{type(exc).__name__}: {exc}")
+        out.append(((first, state_of(module)), counts, after_exception, nested))
+    return ("ok", out)
+
+
+def expect_accumulation_traffic(counts, model, what, rank=0):
+    """counts = [(inside no_sync, number of collectives during that backward), ...]"""
+    n_params = sum(1 for p in model.parameters() if p.requires_grad)
+    for inside, count in counts:
+        if inside and count:
+            raise AssertionError(f"rank {rank}: {what}: {count} all-reduces during a backward inside "
+                                 f"no_sync(): there gradients must only accumulate locally")
+        if not inside and count != n_params:
+            raise AssertionError(f"rank {rank}: {what}: {count} all-reduces during the backward after "
+                                 f"no_sync(), expected {n_params} (one per parameter): leaving no_sync() "
+                                 f"must turn synchronisation back on")
+
+
+def check_no_sync(AccumulatingDDP):
+    cases = [("deep_mlp", 21), ("tied_layers", 22)]
+    steps, micro, K = 2, 2, 3
+    for world_size in (3, 1):
+        results = _launch(_accumulation_cases, world_size, AccumulatingDDP, cases, steps, micro, K)
+        for rank, result in enumerate(results):
+            if result[0] == "error":
+                raise AssertionError(f"rank {rank}: AccumulatingDDP on {result[1]} raised {result[2]}")
+        for i, (name, seed) in enumerate(cases):
+            what = f"AccumulatingDDP({name}) on {world_size} ranks, {K} micro-batches per step"
+            model = MODELS[name](seed=seed)
+            n_params = sum(1 for p in model.parameters() if p.requires_grad)
+            for rank, result in enumerate(results):
+                _, counts, after_exception, nested = result[1][i]
+                expect_accumulation_traffic(counts, model, what, rank)
+                if after_exception != n_params:
+                    raise AssertionError(
+                        f"rank {rank}: after an exception inside `with model.no_sync():`, the next "
+                        f"backward issued {after_exception} all-reduces, expected {n_params}: restore the "
+                        f"flag in a `finally:` so it is restored whatever happens inside")
+                if nested:
+                    raise AssertionError(
+                        f"rank {rank}: after a nested no_sync() ended, a backward still inside the outer "
+                        f"no_sync() issued {nested} all-reduces: restore the previous value, not True")
+            X, Y = regression_data(steps * K * micro * world_size, seed=seed)
+            expect_single_process_equivalence([r[1][i][0] for r in results], _make(name, seed), X, Y, steps,
+                                              K * micro, what)
+
+
+# --------------------------------------------------------------------------- 6. DistributedOptimizer
+
+def two_groups(lr_weights=0.1, lr_biases=0.05, momentum=0.9):
+    """An optimizer factory with two parameter groups (weights, biases) and momentum."""
+    def make(model):
+        weights = [p for n, p in model.named_parameters() if p.requires_grad and n.endswith("weight")]
+        biases = [p for n, p in model.named_parameters() if p.requires_grad and not n.endswith("weight")]
+        return torch.optim.SGD([{"params": weights, "lr": lr_weights}, {"params": biases, "lr": lr_biases}],
+                               lr=lr_weights, momentum=momentum)
+    return make
+
+
+def expected_fusion(optimizer_params, threshold):
+    """Byte sizes of the fusion buffers the stated rule makes (group order; close before exceeding)."""
+    sizes, size = [], 0
+    for p in optimizer_params:
+        nbytes = p.numel() * p.element_size()
+        if size and size + nbytes > threshold:
+            sizes.append(size)
+            size = 0
+        size += nbytes
+    return sizes + ([size] if size else [])
+
+
+def _optimizer_cases(DistributedOptimizer, cases, steps, per_rank):
+    out = []
+    for name, seed, threshold in cases:
+        X, Y = regression_data(steps * per_rank * dist.get_world_size(), seed=seed)
+        module = MODELS[name](seed=seed, device=rank_device())
+        try:
+            opt = DistributedOptimizer(two_groups()(module), fusion_threshold=threshold)
+        except Exception as exc:  # noqa: BLE001
+            return ("error", name, f"{type(exc).__name__}: {exc}")
+        comms = []
+
+        def step_fn(step, xb, yb, module=module, opt=opt, comms=comms):
+            opt.zero_grad()
+            with CommRecorder() as rec:
+                loss_fn(module(xb), yb).backward()
+                backward_ops = len(rec.collectives)
+                opt.step()
+            comms.append((backward_ops, [(o.op, o.nbytes) for o in rec.collectives]))
+            return gradients_of(module)
+        try:
+            first = _run_steps(step_fn, X, Y, steps, per_rank)
+        except Exception as exc:  # noqa: BLE001
+            return ("error", name, f"{type(exc).__name__}: {exc}")
+        out.append(((first, state_of(module)), comms))
+    return ("ok", out)
+
+
+def expect_fusion_traffic(comms, params, threshold, what, rank=0):
+    sizes = expected_fusion(params, threshold)
+    total = sum(p.numel() * p.element_size() for p in params)
+    for step, (during_backward, ops) in enumerate(comms):
+        if during_backward:
+            raise AssertionError(f"rank {rank}: {what} communicated during backward: reduce in step()")
+        if len(ops) != len(sizes):
+            raise AssertionError(
+                f"rank {rank}: {what} issued {len(ops)} all-reduces in step {step}, expected {len(sizes)} "
+                f"(fusion buffers of {sizes} bytes: gradients in param_groups order, a buffer is sent "
+                f"before the next gradient would take it over {threshold} bytes)")
+        sent = sum(n for _, n in ops)
+        if sent != total:
+            raise AssertionError(f"rank {rank}: {what} all-reduced {sent} bytes in step {step}, but the "
+                                 f"gradients hold {total} bytes: a parameter is left out or sent twice")
+
+
+def check_distributed_optimizer(DistributedOptimizer):
+    cases = [("deep_mlp", 31, 1), ("deep_mlp", 32, 1000), ("deep_mlp", 33, 10 ** 9),
+             ("frozen_first_layer", 34, 1500)]
+    for world_size in (3, 1):
+        results = _launch(_optimizer_cases, world_size, DistributedOptimizer, cases, 3, 2)
+        for rank, result in enumerate(results):
+            if result[0] == "error":
+                raise AssertionError(f"rank {rank}: DistributedOptimizer on {result[1]} raised {result[2]}")
+        for i, (name, seed, threshold) in enumerate(cases):
+            what = f"DistributedOptimizer(fusion_threshold={threshold}) on {name}, {world_size} ranks"
+            X, Y = regression_data(3 * 2 * world_size, seed=seed)
+            expect_single_process_equivalence([r[1][i][0] for r in results], _make(name, seed), X, Y, 3, 2,
+                                              what, make_optimizer=two_groups())
+            params = [p for g in two_groups()(MODELS[name](seed=seed)).param_groups for p in g["params"]]
+            for rank, result in enumerate(results):
+                expect_fusion_traffic(result[1][i][1], params, threshold, what, rank)
+
+
+__all__ = ["check_broadcast_model", "check_shard_sampler", "check_average_gradients", "check_bucketed_ddp",
+           "check_no_sync", "check_distributed_optimizer", "explain_sampler_shards", "expected_buckets",
+           "expected_fusion", "expect_bucket_traffic", "expect_overlap", "expect_accumulation_traffic",
+           "expect_fusion_traffic", "describe", "expect_identical_across_ranks", "LaunchError"]

@@ -1,0 +1,62 @@
+"""DDP step time: naive, the reference bucketed + overlapped DDP, and torch's DistributedDataParallel.
+
+Same model (an 8-layer MLP, 1024 wide, float32: 8.4 M parameters = 33.6 MB of gradients), same data,
+same bucket cap for the two bucketed versions, N = 2 and 4 ranks (gloo on the CPU, NCCL with one GPU
+per rank). The three run interleaved in one launch (round-robin, a barrier before every step) and the
+table shows medians over the rounds after the first, as ratios to torch DDP's step time measured in the
+same run. The target: the reference (autograder/dpgrader/reference_ddp.py, the solution of notebook 05's
+BucketedDDP) within 1.05x of torch DDP.
+"""
+
+import sys
+import time
+from pathlib import Path
+
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "autograder"))
+
+from dpcourse.ddp_bench import compare_step_times, print_ratios  # noqa: E402
+from dpgrader.reference_ddp import ReferenceDDP  # noqa: E402
+
+DEPTH, WIDTH, PER_RANK = 8, 1024, 64
+BUCKET_MB = 8
+TARGET = 1.05
+
+
+def naive(module):
+    def sync():
+        world_size = dist.get_world_size()
+        for p in module.parameters():
+            dist.all_reduce(p.grad)
+            p.grad /= world_size
+    return module, sync
+
+
+def reference(module):
+    ddp = ReferenceDDP(module, bucket_cap=BUCKET_MB * 2 ** 20)
+    return ddp, ddp.finish_gradient_sync
+
+
+def torch_ddp(module):
+    return DistributedDataParallel(module, bucket_cap_mb=BUCKET_MB), None
+
+
+def main():
+    variants = {"naive": naive, "reference bucketed": reference, "torch DDP": torch_ddp}
+    medians, start = {}, time.perf_counter()
+    for world_size in (2, 4):
+        medians[world_size] = compare_step_times(variants, world_size, depth=DEPTH, width=WIDTH,
+                                                 per_rank=PER_RANK, steps=4, rounds=7, deadline=240)
+    print(f"MLP {DEPTH} x {WIDTH} (float32), {PER_RANK} samples per rank, buckets of {BUCKET_MB} MiB")
+    print_ratios(medians, baseline="torch DDP")
+    for world_size, m in medians.items():
+        ratio = m["reference bucketed"] / m["torch DDP"]
+        verdict = "within" if ratio <= TARGET else "ABOVE"
+        print(f"N={world_size}: reference / torch DDP = {ratio:.3f} ({verdict} the {TARGET}x target)")
+    print(f"({time.perf_counter() - start:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
