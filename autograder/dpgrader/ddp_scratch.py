@@ -49,9 +49,8 @@ def _short(values, limit=8):
 
 def _perturb_buffers(model, rank):
     """Make every buffer rank-dependent (running statistics, counters), as local training would."""
-    with torch.no_grad():
-        for buffer in model.buffers():
-            buffer.add_(rank + 1)
+    for buffer in model.buffers():
+        buffer.add_(rank + 1)
 
 
 def _broadcast_cases(broadcast_model, names, seed):

@@ -1,0 +1,45 @@
+"""dpcourse.ddp_timeline and dpcourse.ddp_bench, on the reference bucketed DDP (grader side)."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+from dpcourse import launch  # noqa: E402
+from dpcourse.ddp_bench import compare_step_times, print_ratios  # noqa: E402
+from dpcourse.ddp_timeline import exposed_communication, plot_timeline, record_timelines, timeline_widget  # noqa: E402
+from dpcourse.ddp_toys import deep_mlp  # noqa: E402
+from dpgrader.ddp_scratch import expected_buckets  # noqa: E402
+from dpgrader.reference_ddp import ReferenceDDP  # noqa: E402
+
+CAPS = [2**14, 2**20]
+
+
+def test_a_recorded_step_shows_layers_buckets_and_overlap():
+    per_rank = launch(record_timelines, 2, ReferenceDDP, CAPS, depth=4, width=64, per_rank=16)
+    assert len(per_rank) == 2 and all(len(summaries) == len(CAPS) for summaries in per_rank)
+    module = deep_mlp(4, 64, d_in=64, d_out=64)
+    for summaries in per_rank:
+        for cap, summary in zip(CAPS, summaries, strict=True):
+            comms, marks = summary["comms"], summary["marks"]
+            assert [op for op, *_ in comms] == ["all_reduce"] * len(expected_buckets(module, cap))
+            assert [layer for layer, *_ in summary["compute"]] == ["head", "fc3", "fc2", "fc1", "fc0"]
+            assert all(start <= stop for _, _, start, stop in comms)
+            assert 0 < marks["backward_end"] <= marks["synced"]
+            assert exposed_communication(summary) >= 0
+        small = summaries[0]
+        assert small["comms"][0][2] < small["marks"]["backward_end"], "the first bucket overlaps backward"
+    assert plot_timeline([s[0] for s in per_rank]) is not None
+    assert timeline_widget(per_rank, CAPS) is not None
+
+
+def _torch_like(module):
+    ddp = ReferenceDDP(module, bucket_cap=2**16)
+    return ddp, ddp.finish_gradient_sync
+
+
+def test_step_times_are_compared_interleaved(capsys):
+    medians = compare_step_times({"a": _torch_like, "b": _torch_like}, 2, depth=2, width=32, steps=2,
+                                 rounds=2)
+    assert set(medians) == {"a", "b"} and all(m > 0 for m in medians.values())
+    print_ratios({2: medians}, baseline="a")
+    assert "1.00x" in capsys.readouterr().out
