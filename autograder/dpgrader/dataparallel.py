@@ -61,7 +61,7 @@ def check_scatter(scatter):
     if len(gpus) >= 2:
         device_sets.append(("GPU", lambda n: [gpus[i % len(gpus)] for i in range(n)]))
     else:
-        skipped.append("real GPUs (this machine has fewer than 2)")
+        skipped.append("(this machine has fewer than 2 GPUs)")
     for kind, make in device_sets:
         x = torch.arange(30.0).reshape(10, 3)
         y = torch.arange(10)
@@ -90,7 +90,7 @@ def check_scatter(scatter):
         raise AssertionError(f"the gradient through scatter's pieces is {describe(grad)}, expected "
                              f"{describe(expected)}")
     if skipped:
-        print("scatter: hidden checks on real GPUs SKIPPED:", *skipped)
+        print("scatter: hidden checks on real GPUs SKIPPED", *skipped)
 
 
 def check_mini_data_parallel(MiniDataParallel):
@@ -116,11 +116,13 @@ def check_mini_data_parallel(MiniDataParallel):
                        what="MiniDataParallel on 3 CPU devices whose first replica finishes last")
     # no_grad is carried into the threads
     model = mlp(4, 8, 2, seed=4)
+    probe = ParallelProbe(model)
     with torch.no_grad():
-        out = MiniDataParallel(model, cpu(2))(indexed_batch(6))
-    if out.requires_grad:
-        raise AssertionError("under torch.no_grad() the output of MiniDataParallel requires grad: grad mode "
-                             "is per thread, so set it in each thread (torch.set_grad_enabled(...))")
+        out = MiniDataParallel(probe, cpu(2))(indexed_batch(6))
+    if out.requires_grad or any(call["grad_enabled"] for call in probe.calls):
+        raise AssertionError("under torch.no_grad() the replicas of MiniDataParallel ran with grad enabled "
+                             "(building graphs nobody will use): grad mode is per thread, so set it in "
+                             "each thread with torch.set_grad_enabled(...)")
     # an exception in a replica reaches the caller
     try:
         MiniDataParallel(Fails(bad_row=5), cpu(3))(indexed_batch(9))

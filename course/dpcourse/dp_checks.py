@@ -42,7 +42,8 @@ def expect_same_structure(got, expected, what, path=(), devices=None, atol=ATOL,
         return
     if isinstance(expected, (tuple, list, dict)):
         if type(got) is not type(expected):
-            raise AssertionError(f"{where} should be a {type(expected).__name__}, got {describe(got)[:200]}")
+            shown = type(got).__name__ if isinstance(got, (tuple, list, dict)) else describe(got)[:200]
+            raise AssertionError(f"{where} should be a {type(expected).__name__}, got a {shown}")
         if isinstance(expected, dict):
             if list(got) != list(expected):
                 raise AssertionError(f"{where} has keys {list(got)}, expected {list(expected)}")

@@ -24,7 +24,8 @@ from torch import nn
 
 
 class ParallelProbe(nn.Module):
-    """Wraps `module`; every forward records (thread id, rows it received, start, end).
+    """Wraps `module`; every forward records its thread id, the rows it received, start and end
+    times and whether grad mode was on.
 
     parties: if set, each forward waits at a barrier for `parties` concurrent
     forwards (timeout seconds); replicas that do not run concurrently fail with a
@@ -66,7 +67,7 @@ class ParallelProbe(nn.Module):
         out = self.module(x, *args, **kwargs)
         with self._lock:
             self.calls.append(dict(thread=threading.get_ident(), rows=rows, start=start,
-                                   end=time.perf_counter()))
+                                   end=time.perf_counter(), grad_enabled=torch.is_grad_enabled()))
         return out
 
 

@@ -6,7 +6,8 @@ and times what it can see from outside:
   * every replica's forward, from hooks on the wrapped module (they fire in the
     replica's thread, so each gets its own lane);
   * `dpcourse.dp_replicas.replicate`, which reports its own start and end;
-  * scatter (from the call to the first replica's start, replicate excluded),
+  * scatter (from the call to replicate, or to the first replica's start), the
+    launch of the threads (from replicate's end to the first replica's start),
     gather (from the last replica's end to the return), loss, backward, and
     the moment each parameter's gradient is complete (the reduce onto the
     original parameters), and the optimizer step.
@@ -21,7 +22,7 @@ import matplotlib.pyplot as plt
 
 from . import dp_replicas
 
-PHASES = ("scatter", "replicate", "forward", "gather", "loss", "backward", "reduce", "step")
+PHASES = ("scatter", "replicate", "launch", "forward", "gather", "loss", "backward", "reduce", "step")
 
 DESCRIPTIONS = {
     "scatter": "Device 0 cuts the batch into one piece per device and copies each piece to its device. "
@@ -29,6 +30,8 @@ DESCRIPTIONS = {
     "replicate": "The module is copied to every device, parameters and buffers, at every forward pass "
                  "(torch.nn.parallel.replicate: a broadcast with autograd). On CPU devices the replicas "
                  "share the module, so nothing is copied; on 8 GPUs ResNet-50 sends 7 x 102 MB per step.",
+    "launch": "The threads are created and started (and whatever the wrapper does between replicate and the "
+              "first replica's forward). A device idles until its thread gets the GIL.",
     "forward": "One Python thread per device runs its replica on its piece. Kernels overlap; Python code "
                "between them takes turns holding the GIL.",
     "gather": "The outputs are copied to the output device (device 0) and concatenated in device order.",
@@ -125,7 +128,7 @@ def record_iteration(dp, loss_fn, x, y, optimizer=None):
             timeline.events.append(Event("scatter", main, t0, s))
         timeline.events.append(Event("replicate", main, s, e))
         if first > e:
-            timeline.events.append(Event("scatter", main, e, first))
+            timeline.events.append(Event("launch", main, e, first))
     else:
         timeline.events.append(Event("scatter", main, t0, first))
     for i, c in enumerate(calls):
