@@ -2,8 +2,8 @@
 
 Why interleaved: on a shared machine (2 cores here, 4 ranks) speed drifts by tens
 of percent over seconds. Timing A for a minute and then B for a minute measures the
-drift; alternating A, B, C, A, B, C, ... in one run and comparing medians measures
-the implementations.
+drift; alternating A, B, C, then B, C, A, ... in one run (the order rotates, so no
+variant always follows the same one) and comparing medians measures the implementations.
 
 A variant is a factory `make(module) -> (model, sync)`: `model(x)` runs forward,
 and `sync()` (or None) is what the training loop calls between backward and the
@@ -42,8 +42,11 @@ def step_times(variants, depth=6, width=256, per_rank=32, steps=3, rounds=4, dty
         opt = torch.optim.SGD(module.parameters(), lr=1e-3)
         built[name] = (model, sync, wrap[0](opt) if wrap and wrap[0] is not None else opt)
     times = {name: [] for name in variants}
+    names = list(built)
     for round_ in range(rounds):
-        for name, (model, sync, opt) in built.items():
+        shift = round_ % len(names)  # rotate the order each round: no variant always runs after another
+        for name in names[shift:] + names[:shift]:
+            model, sync, opt = built[name]
             for _ in range(steps):
                 dist.barrier()
                 if device.type == "cuda":

@@ -48,7 +48,7 @@ def main():
     medians, start = {}, time.perf_counter()
     for world_size in (2, 4):
         medians[world_size] = compare_step_times(variants, world_size, depth=DEPTH, width=WIDTH,
-                                                 per_rank=PER_RANK, steps=4, rounds=7, deadline=240)
+                                                 per_rank=PER_RANK, steps=4, rounds=10, deadline=240)
     print(f"MLP {DEPTH} x {WIDTH} (float32), {PER_RANK} samples per rank, buckets of {BUCKET_MB} MiB")
     print_ratios(medians, baseline="torch DDP")
     for world_size, m in medians.items():
