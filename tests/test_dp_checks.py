@@ -1,0 +1,70 @@
+"""dpcourse.dp_checks: a wrapper is compared with its module, and each kind of mismatch is named."""
+
+import pytest
+import torch
+from torch import nn
+
+from dpcourse.data import mlp
+from dpcourse.dp_checks import expect_like_module, expect_same_structure, row_order_hint
+from dpcourse.dp_probes import TwoHeads, indexed_batch
+
+
+class Halves(nn.Module):
+    """Calls the module on the two halves of the batch, in one thread (right or deliberately wrong)."""
+
+    def __init__(self, module, mistake=None):
+        super().__init__()
+        self.module, self.mistake = module, mistake
+
+    def forward(self, x):
+        k = len(x) // 2
+        outs = [self.module(x[:k]), self.module(x[k:])]
+        if self.mistake == "swap":
+            outs.reverse()
+        if self.mistake == "detach":
+            outs = [o.detach() for o in outs]
+        if self.mistake == "raise":
+            raise RuntimeError("boom")
+        if isinstance(outs[0], tuple):
+            return torch.cat([outs[0][0], outs[1][0]]), (torch.cat([outs[0][1][0], outs[1][1][0]]), "label")
+        return torch.cat(outs)
+
+
+def test_a_correct_wrapper_passes_even_with_tuple_outputs():
+    model = mlp(4, 8, 2)
+    expect_like_module(Halves(model), model, (indexed_batch(6),), what="halves")
+    heads = TwoHeads()
+    expect_like_module(Halves(heads), heads, (indexed_batch(6),), what="halves")
+
+
+@pytest.mark.parametrize("mistake, message", [
+    ("swap", r"its rows are rows \[3, 4, 5, 0, 1, 2\] of the expected output"),
+    ("detach", "does not require grad"),
+    ("raise", "halves raised RuntimeError: boom"),
+])
+def test_each_mistake_is_named(mistake, message):
+    model = mlp(4, 8, 2)
+    with pytest.raises(AssertionError, match=message):
+        expect_like_module(Halves(model, mistake), model, (indexed_batch(6),), what="halves")
+
+
+def test_structures_types_devices_and_objects():
+    x = torch.arange(6.0).reshape(3, 2)
+    marker = object()
+    expect_same_structure([(x, {"k": marker})], [(x.clone(), {"k": marker})], "s")
+    with pytest.raises(AssertionError, match=r"s, \[0\] should be a tuple, got a list"):
+        expect_same_structure([[x]], [(x,)], "s")
+    with pytest.raises(AssertionError, match=r"\['k'\] is None, expected 0.5"):
+        expect_same_structure({"k": None}, {"k": 0.5}, "s")
+    with pytest.raises(AssertionError, match="has keys"):
+        expect_same_structure({"a": 1}, {"b": 1}, "s")
+    with pytest.raises(AssertionError, match="is on cpu, expected meta"):
+        expect_same_structure(x, x, "s", devices="meta")
+    with pytest.raises(AssertionError, match="should be a tensor"):
+        expect_same_structure(1.0, x, "s")
+
+
+def test_row_order_hint_only_for_permutations():
+    e = torch.arange(8.0).reshape(4, 2)
+    assert "rows [1, 0, 2, 3]" in row_order_hint(e[[1, 0, 2, 3]], e)
+    assert row_order_hint(e + 1, e) == ""
