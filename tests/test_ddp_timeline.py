@@ -1,6 +1,7 @@
 """dpcourse.ddp_timeline and dpcourse.ddp_bench, on the reference bucketed DDP (grader side)."""
 
 import matplotlib
+import torch
 
 matplotlib.use("Agg")
 
@@ -43,3 +44,33 @@ def test_step_times_are_compared_interleaved(capsys):
     assert set(medians) == {"a", "b"} and all(m > 0 for m in medians.values())
     print_ratios({2: medians}, baseline="a")
     assert "1.00x" in capsys.readouterr().out
+
+
+def _hook_threads():
+    import threading
+
+    import torch.distributed as dist
+
+    from dpcourse.recorder import CommRecorder
+
+    model = deep_mlp(depth=3)
+    threads, works = set(), []
+
+    def hook(param):
+        threads.add(threading.get_ident())
+        works.append(dist.all_reduce(param.grad, async_op=True))
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(hook)
+    x = torch.zeros(4, 8, dtype=torch.float64)
+    with CommRecorder() as rec:
+        model(x).sum().backward()
+    for work in works:
+        work.wait()
+    return threads == {threading.get_ident()}, rec.count("all_reduce")
+
+
+def test_gradient_hooks_run_in_the_calling_thread_where_the_recorder_sees_them():
+    """What the checks of notebook 05 rely on (on the CPU): hooks run in the thread that called backward."""
+    for same_thread, all_reduces in launch(_hook_threads, 2):
+        assert same_thread and all_reduces == 8
