@@ -41,12 +41,17 @@ class Call:
 
     rank: int  # rank in the world
     group_rank: int | None  # rank in the group the call ran on; None: not a member, did not call
+    group_members: list | None = None  # world ranks of that group, in group-rank order
     result: object = None  # what the function returned
     after: object = None  # the first argument as the call left it (in-place functions)
     expected: object = None  # the reference computed with a built-in collective, if asked
     ops: list = field(default_factory=list)  # CommOp list: op, peer (group rank), nbytes
     stuck: str | None = None  # "in recv from rank 3 (`dist.recv(buf, left)`)" after a timeout
     forbidden: str | None = None  # the ForbiddenCollective message
+
+    @property
+    def group_size(self):
+        return len(self.group_members or ())
 
     @property
     def sends(self):
@@ -69,39 +74,63 @@ def run_p2p(fn, inputs, *, exercise, args=(), kwargs=None, reference=None, group
     """
     case = dict(inputs=list(inputs), args=tuple(args), kwargs=dict(kwargs or {}), reference=reference,
                 groups=groups, label=label)
-    return run_cases(fn, len(inputs), [case], exercise=exercise, group_timeout=group_timeout,
-                     deadline=deadline)[0]
+    return next(run_cases(fn, len(inputs), [case], exercise=exercise, group_timeout=group_timeout,
+                          deadline=deadline))
 
 
 def run_cases(fn, world_size, cases, *, exercise, group_timeout=GROUP_TIMEOUT, deadline=None):
     """Several cases on the same ranks in one launch (a launch costs ~0.1-0.5 s, a case ~ms).
 
     Each case is a dict like run_p2p's arguments: inputs (one per world rank), args, kwargs,
-    reference, groups, label. Returns, per case, the list of Calls (one per world rank).
+    reference, groups, label. Yields, case by case, the list of Calls (one per world rank);
+    a deadlock or a collective in a case raises when that case is reached, so a caller that
+    checks each case as it comes reports the first thing that went wrong.
     """
     per_rank = launch(_rank_side, world_size, fn, cases, exercise, group_timeout=group_timeout,
                       deadline=deadline)
-    results = []
     for index, case in enumerate(cases):
         calls = [rank_calls[index] if index < len(rank_calls) else None for rank_calls in per_rank]
         _raise_problems(calls, exercise, case.get("label"), group_timeout)
-        results.append(calls)
-    return results
+        yield calls
 
 
-def warm_up(*recorder_classes):
+class PeerRecorder(CommRecorder):
+    """A CommRecorder that also notes each send/recv's peer as a world rank (`op.world_peer`):
+    the recorder sees the peer's rank in the group the call was made on."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if func.overloadpacket._qualified_op_name in ("c10d::send", "c10d::recv_") and self.ops:
+            self.ops[-1].world_peer = _world_rank(args[1], args[2])
+        return out
+
+
+def _world_rank(process_group, peer):
+    try:
+        group = torch._C._distributed_c10d.ProcessGroup.unbox(process_group)
+        return dist.get_process_group_ranks(group)[peer]
+    except Exception:  # noqa: BLE001 - a name for a message only: fall back to the group rank
+        return peer
+
+
+def world_peer(op):
+    """The world rank a send went to / a recv came from."""
+    return getattr(op, "world_peer", op.peer)
+
+
+def warm_up(*recorders):
     """Pay here, once, what the first op under a dispatch mode costs: torch imports torch._dynamo
-    on first use of each mode class (~1 s alone, ~4 s when 4 freshly forked ranks all do it at
-    once on 2 cores). Ranks forked afterwards inherit it. Runs when this module is imported."""
-    for cls in recorder_classes or (CommRecorder,):
-        if cls not in _WARM:
-            with cls(torch.ones(1)) if cls is not CommRecorder else cls():
+    on the first use of each mode class (~1 s alone, ~4 s when 4 freshly forked ranks all do it
+    at once on 2 cores). Ranks forked afterwards inherit it. Runs when this module is imported."""
+    for recorder in recorders:
+        if type(recorder) not in _WARM:
+            with recorder:
                 torch.ones(1).add_(1)
-            _WARM.append(cls)
+            _WARM.append(type(recorder))
 
 
 _WARM = []
-warm_up()
+warm_up(CommRecorder(), PeerRecorder())
 
 
 def _rank_side(fn, cases, exercise):
@@ -113,7 +142,7 @@ def _rank_side(fn, cases, exercise):
         calls.append(call)
         if members is None:
             continue
-        call.group_rank = members.index(rank)
+        call.group_rank, call.group_members = members.index(rank), members
         x = _to_device(case["inputs"][rank])
         kwargs = dict(case.get("kwargs") or {})
         if case.get("groups") is not None:
@@ -121,7 +150,7 @@ def _rank_side(fn, cases, exercise):
         if case.get("reference") == "all_reduce":
             call.expected = x.clone()
             dist.all_reduce(call.expected, group=group)
-        recorder = CommRecorder(p2p_only=True, exercise=exercise)
+        recorder = PeerRecorder(p2p_only=True, exercise=exercise)
         try:
             with recorder:
                 call.result = fn(x, *case.get("args", ()), **kwargs)
@@ -134,7 +163,7 @@ def _rank_side(fn, cases, exercise):
                                    f"rank there is nobody to talk to") from exc
             if not (isinstance(exc, RuntimeError) and WAITED.search(str(exc))):
                 raise
-            call.stuck = _blocked_in(exc, recorder.ops, members)
+            call.stuck = _blocked_in(exc, recorder.ops)
         call.ops = recorder.ops
         call.result, call.after, call.expected = _cpu(call.result), _cpu(x), _cpu(call.expected)
         if call.stuck or call.forbidden:
@@ -167,12 +196,8 @@ def _cpu(value):
     return value
 
 
-def _blocked_in(exc, ops, members):
-    """Which call a rank was blocked in, from its traceback and the recorder's last calls.
-
-    Peers are named by world rank (the recorder sees ranks in the group).
-    """
-    world = lambda peer: members[peer] if peer is not None and peer < len(members) else peer
+def _blocked_in(exc, ops):
+    """Which call a rank was blocked in, from its traceback and the recorder's last calls."""
     frames = traceback.extract_tb(exc.__traceback__)
     c10d = [f for f in frames
             if f.filename.replace("\\", "/").endswith("torch/distributed/distributed_c10d.py")]
@@ -182,9 +207,8 @@ def _blocked_in(exc, ops, members):
     last = ops[-1] if ops else None
     if call in ("send", "recv", "isend", "irecv") and last is not None and last.op in ("send", "recv"):
         direction = "to" if last.op == "send" else "from"
-        return f"in {call} {direction} rank {world(last.peer)}{where}"
-    recent = ", ".join(f"{o.op} {'to' if o.op == 'send' else 'from'} rank {world(o.peer)}"
-                       for o in ops[-2:])
+        return f"in {call} {direction} rank {world_peer(last)}{where}"
+    recent = ", ".join(f"{o.op} {'to' if o.op == 'send' else 'from'} rank {world_peer(o)}" for o in ops[-2:])
     return f"in {call}(){where}" + (f", after {recent}" if recent else "")
 
 
@@ -268,29 +292,115 @@ def expect_ring_traffic(calls, numel, element_size, phases, what):
     bytes on N ranks takes 2(N-1) steps of ⌈S/N⌉ bytes (up to chunk rounding): each rank
     sends 2(N-1)/N · S bytes, whatever N. Passing the whole tensor around sends (N-1)·S.
     """
-    calls = members(calls)
-    n = len(calls)
-    steps, largest, most, ideal = ring_budget(numel, element_size, n, phases)
-    for c in calls:
+    for c in members(calls):
+        n = c.group_size
+        steps, largest, most, ideal = ring_budget(numel, element_size, n, phases)
         sent = c.sends
         total = sum(o.nbytes for o in sent)
-        formula = f"{phases * (n - 1)}/{n}·S" if phases > 1 else f"({n - 1}/{n})·S"
+        chunk = math.ceil(numel / n)
+        formula = (f"2(N-1)/N·S = {2 * (n - 1)}/{n}·S" if phases == 2 else f"(N-1)/N·S = {n - 1}/{n}·S")
         if total > most:
+            ratio = f"{total / ideal:.1f}x the bytes of a ring {what}" if ideal else f"{total} bytes"
             raise AssertionError(
-                f"rank {c.rank} sent {total / ideal:.1f}x the bytes of a ring {what}: {total} bytes in "
-                f"{len(sent)} message(s) for a tensor of S = {numel * element_size} bytes on {n} ranks; a "
-                f"ring sends {formula} = {ideal:.0f} bytes (up to chunk rounding), in {steps} steps of one "
-                f"chunk (⌈{numel}/{n}⌉ = {math.ceil(numel / n)} elements) each")
+                f"rank {c.rank} sent {ratio}: {total} bytes in {len(sent)} message(s) for a tensor of "
+                f"S = {numel * element_size} bytes on {n} ranks; a ring sends {formula} = {ideal:.0f} bytes "
+                f"(up to chunk rounding), in {steps} steps of one chunk (⌈{numel}/{n}⌉ = {chunk} "
+                f"elements) each")
         for step, o in enumerate(sent):
             if o.nbytes > largest:
                 raise AssertionError(
-                    f"rank {c.rank}'s step {step} sent {o.nbytes} bytes to rank {o.peer}, more than one "
-                    f"chunk (⌈{numel}/{n}⌉ = {math.ceil(numel / n)} elements = {largest} bytes): in a ring "
-                    f"{what} each of the {steps} steps sends one chunk, not the whole tensor")
+                    f"rank {c.rank}'s step {step + 1} sent {o.nbytes} bytes to rank {world_peer(o)}, more "
+                    f"than one chunk (⌈{numel}/{n}⌉ = {chunk} elements = {largest} bytes): in a ring {what} "
+                    f"each of the {steps} steps sends one chunk, not the whole tensor")
         if len(sent) > steps:
             raise AssertionError(
                 f"rank {c.rank} sent {len(sent)} messages: a ring {what} on {n} ranks takes {steps} steps, "
                 f"one chunk each")
+
+
+def chunk_bounds(length, world_size):
+    """[(start, stop)] of torch.tensor_split's N chunks: the first length % N get one extra element."""
+    bounds, start = [], 0
+    for i in range(world_size):
+        size = length // world_size + (1 if i < length % world_size else 0)
+        bounds.append((start, start + size))
+        start += size
+    return bounds
+
+
+def _close(got, expected, atol, rtol):
+    return got.shape == expected.shape and torch.allclose(got.to(expected.dtype), expected, atol=atol,
+                                                          rtol=rtol, equal_nan=False)
+
+
+def _elements(a, b):
+    return f"element {a}" if b - a == 1 else f"elements {a}–{b - 1}"
+
+
+def expect_reduce_scattered(calls, inputs, what, atol=0.0, rtol=0.0):
+    """After a reduce-scatter, chunk r (of N, tensor_split) on group rank r is the sum of every
+    rank's chunk r; `Call.expected` holds dist.all_reduce's result (see run_p2p's reference=)."""
+    for c in members(calls):
+        flat, full = c.after.reshape(-1), c.expected.reshape(-1)
+        if c.after.shape != inputs[c.rank].shape:
+            raise AssertionError(f"rank {c.rank}: {what} changed the tensor's shape to "
+                                 f"{tuple(c.after.shape)}")
+        bounds = chunk_bounds(flat.numel(), c.group_size)
+        a, b = bounds[c.group_rank]
+        if _close(flat[a:b], full[a:b], atol, rtol):
+            continue
+        hint = ""
+        for j, (a2, b2) in enumerate(bounds):
+            same_size = j != c.group_rank and b2 - a2 == b - a and b > a
+            if same_size and _close(flat[a:b], full[a2:b2], atol, rtol):
+                hint = f" -- that is the sum of chunk {j}: is a chunk index off by one?"
+        for j, (a2, b2) in enumerate(bounds):
+            if not hint and j != c.group_rank and b2 > a2 and _close(flat[a2:b2], full[a2:b2], atol, rtol):
+                hint = (f" -- its chunk {j} holds the full sum instead: is a chunk index off by one? (rank r "
+                        f"must end with chunk r)")
+        if not hint and torch.equal(flat[a:b], inputs[c.rank].reshape(-1)[a:b].to(flat.device)):
+            hint = " -- unchanged from this rank's input: nothing was added into it"
+        raise AssertionError(
+            f"rank {c.rank} (rank {c.group_rank} of {c.group_size} in its group): after {what}, its chunk "
+            f"{c.group_rank} ({_elements(a, b)} of {flat.numel()}) is {describe(flat[a:b])}, expected the "
+            f"sum over ranks {describe(full[a:b])}{hint}")
+
+
+def expect_all_gathered(calls, inputs, full, what):
+    """After an all-gather, every rank's tensor equals `full` (chunk r came from group rank r)."""
+    for c in members(calls):
+        flat, want = c.after.reshape(-1), full.reshape(-1).to(c.after.dtype)
+        if c.after.shape != full.shape:
+            raise AssertionError(f"rank {c.rank}: {what} changed the tensor's shape to "
+                                 f"{tuple(c.after.shape)}")
+        for j, (a, b) in enumerate(chunk_bounds(flat.numel(), c.group_size)):
+            if torch.equal(flat[a:b], want[a:b]):
+                continue
+            before = inputs[c.rank].reshape(-1)[a:b].to(flat.device)
+            hint = ""
+            if before.isnan().any() and flat[a:b].isnan().any():
+                hint = (" -- still NaN, like the garbage it held before the call: the chunk never arrived, "
+                        "or was added to the garbage instead of copied over it")
+            elif torch.equal(flat[a:b], before):
+                hint = " -- it still holds what it held before the call: the chunk never arrived"
+            owner = c.group_members[j] if c.group_members else j
+            raise AssertionError(
+                f"rank {c.rank}: after {what}, chunk {j} ({_elements(a, b)} of {flat.numel()}) is "
+                f"{describe(flat[a:b])}, expected rank {owner}'s chunk {describe(want[a:b])}{hint}")
+
+
+def expect_all_reduced(calls, what, atol=0.0, rtol=0.0):
+    """After an all-reduce every rank's tensor equals dist.all_reduce's (`Call.expected`), in place."""
+    for c in members(calls):
+        if c.after.shape != c.expected.shape:
+            raise AssertionError(f"rank {c.rank}: {what} changed the tensor's shape to "
+                                 f"{tuple(c.after.shape)}")
+        flat, full = c.after.reshape(-1), c.expected.reshape(-1)
+        for j, (a, b) in enumerate(chunk_bounds(flat.numel(), c.group_size)):
+            if not _close(flat[a:b], full[a:b], atol, rtol):
+                raise AssertionError(
+                    f"rank {c.rank}: after {what}, chunk {j} ({_elements(a, b)} of {flat.numel()}) is "
+                    f"{describe(flat[a:b])}, expected {describe(full[a:b])} (dist.all_reduce's sum)")
 
 
 def traffic_table(calls):

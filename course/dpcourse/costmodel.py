@@ -204,7 +204,7 @@ def plot_model(nbytes, alpha, beta, world_sizes=(2, 4, 8, 16, 32, 64, 128, 256),
     ax.set_yscale("log")
     ax.set_xlabel("ranks N")
     ax.set_ylabel("predicted time (ms)")
-    ax.set_title(f"all-reduce of {format_bytes(nbytes)}: alpha = {alpha * 1e6:.0f} µs, "
+    ax.set_title(f"all-reduce of {nbytes / 1e6:.3g} MB: alpha = {alpha * 1e6:.0f} µs, "
                  f"beta = {beta / 1e9:.1f} GB/s", fontsize=10)
     ax.legend()
     ax.grid(alpha=0.3, which="both")

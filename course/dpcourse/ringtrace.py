@@ -1,7 +1,7 @@
 """Replay a learner's own ring, step by step, from what the recorder saw.
 
-    traces = launch(trace_ring, 4, ring_all_reduce, 6)   # run it on 4 ranks, 6 elements
-    show_ring(traces)                                    # a slider over the steps
+    traces = record_ring(ring_all_reduce, 4, 6)   # run it on 4 ranks, 6 elements
+    show_ring(traces)                             # a slider over the steps
 
 Why a trace and not an animation: the picture must show what *your* code did, bugs
 included. Each rank runs the function on a tensor holding 2**rank everywhere, inside a
@@ -21,8 +21,9 @@ import torch
 import torch.distributed as dist
 
 from . import maskpics
-from .commcheck import warm_up
+from .commcheck import GROUP_TIMEOUT, chunk_bounds, warm_up
 from .env import rank_device
+from .launcher import launch
 from .recorder import CommRecorder
 
 
@@ -49,7 +50,7 @@ class ChunkRecorder(CommRecorder):
         return (start, start + tensor.numel())
 
 
-warm_up(ChunkRecorder)  # the first dispatch of a mode class is slow: pay it in the caller, not in ranks
+warm_up(ChunkRecorder(torch.ones(1)))  # a mode class is slow the first time: pay it here, not in ranks
 
 
 def trace_ring(fn, length, *args, **kwargs):
@@ -69,14 +70,9 @@ def trace_ring(fn, length, *args, **kwargs):
     return dict(rank=rank, world=world, events=events, final=x.detach().cpu())
 
 
-def chunk_bounds(length, world_size):
-    """[(start, stop)] of torch.tensor_split's N chunks: the first length % N get one extra element."""
-    bounds, start = [], 0
-    for i in range(world_size):
-        size = length // world_size + (1 if i < length % world_size else 0)
-        bounds.append((start, start + size))
-        start += size
-    return bounds
+def record_ring(fn, world_size, length, *args, group_timeout=GROUP_TIMEOUT, **kwargs):
+    """Launch world_size ranks that run trace_ring(fn, length, ...); a deadlock ends in seconds."""
+    return launch(trace_ring, world_size, fn, length, *args, group_timeout=group_timeout, **kwargs)
 
 
 class RingReplay:
@@ -180,11 +176,21 @@ class RingReplay:
         ax.set_title(self.caption(step), fontsize=9, loc="left")
         return ax
 
+    def complete_chunks(self, rank):
+        """The chunks whose every element, at the end on `rank`, sums all ranks' contributions."""
+        final = self.traces[rank]["final"]
+        full = float(2 ** self.world - 1)
+        return [i for i, (a, b) in enumerate(self.chunks) if b > a and bool((final[a:b] == full).all())]
+
     def caption(self, step):
         if step >= self.steps:
-            done = "every element holds all ranks' data" if self.complete() else (
-                "NOT complete: some element misses a rank's data (or has one twice)")
-            return f"after {self.steps} step(s): {done}"
+            if self.complete():
+                return f"after {self.steps} step(s): every element on every rank holds all ranks' data"
+            held = "; ".join(f"rank {r}: {', '.join(map(str, self.complete_chunks(r))) or 'none'}"
+                             for r in range(self.world))
+            bad = sum(w is None for r in range(self.world) for w in self.contributions(step, r))
+            return (f"after {self.steps} step(s), complete chunks -- {held}"
+                    + (f"; {bad} element(s) are no sum of distinct ranks (black)" if bad else ""))
         parts = [f"{m['src']}→{m['dst']}: {self.chunk_name(m['span'])} ({m['nbytes']} B)"
                  for m in self.messages(step)]
         text = f"step {step + 1} of {self.steps}: " + ", ".join(parts)

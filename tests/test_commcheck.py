@@ -1,0 +1,135 @@
+"""commcheck: exercises run p2p-only under the recorder; deadlocks and collectives become sentences;
+ring traffic is judged in bytes and steps."""
+
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from dpcourse import LaunchError
+from dpcourse.commcheck import (
+    Call,
+    chunk_bounds,
+    expect_all_reduced,
+    expect_reduce_scattered,
+    expect_ring_traffic,
+    run_cases,
+    run_p2p,
+    world_peer,
+)
+from dpcourse.recorder import CommOp
+
+
+def shift(x, group=None):
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    out = torch.empty_like(x)
+    works = [dist.irecv(out, group=group, group_src=(rank - 1) % world),
+             dist.isend(x, group=group, group_dst=(rank + 1) % world)]
+    for work in works:
+        work.wait()
+    return out
+
+
+def test_a_p2p_function_is_recorded_with_results_peers_and_bytes(no_orphans):
+    inputs = [torch.full((3,), float(r)) for r in range(3)]
+    calls = run_p2p(shift, inputs, exercise="shift")
+    for c in calls:
+        assert torch.equal(c.result, inputs[(c.rank - 1) % 3])
+        assert [(o.op, world_peer(o), o.nbytes) for o in c.sends] == [("send", (c.rank + 1) % 3, 12)]
+        assert c.group_rank == c.rank and c.group_size == 3
+
+
+def test_groups_renumber_ranks_and_peers_are_named_by_world_rank():
+    inputs = [torch.full((2,), float(r)) for r in range(4)]
+    (calls,) = run_cases(shift, 4, [dict(inputs=inputs, groups=[[0, 2], [1, 3]])], exercise="shift")
+    for c in calls:
+        partner = {0: 2, 2: 0, 1: 3, 3: 1}[c.rank]
+        assert torch.equal(c.result, inputs[partner])
+        assert c.group_size == 2 and c.group_rank == c.group_members.index(c.rank)
+        assert world_peer(c.sends[0]) == partner and c.sends[0].peer == c.group_members.index(partner)
+
+
+def everybody_receives_first(x):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dist.recv(x, (rank - 1) % world)
+    dist.send(x, (rank + 1) % world)
+
+
+def test_a_deadlock_ends_in_seconds_naming_every_rank_and_its_call(no_orphans):
+    start = time.monotonic()
+    with pytest.raises(AssertionError) as error:
+        run_p2p(everybody_receives_first, [torch.ones(2)] * 3, exercise="ring", group_timeout=2)
+    assert time.monotonic() - start < 10
+    message = str(error.value)
+    assert message.startswith("ring deadlocked: ranks 0, 1 and 2 of 3 waited 2 s")
+    for rank in range(3):
+        assert f"rank {rank}: blocked in recv from rank {(rank - 1) % 3}" in message
+
+
+@pytest.mark.parametrize("route", ["dist.all_reduce", "_get_default_group().allreduce"])
+def test_a_collective_by_any_route_fails_with_its_name(route):
+    def uses_a_collective(x):
+        if route == "dist.all_reduce":
+            dist.all_reduce(x)
+        else:
+            dist.distributed_c10d._get_default_group().allreduce([x]).wait()
+
+    with pytest.raises(AssertionError, match=r"my_sum called the collective `all_reduce`.*on ranks 0 and 1"):
+        run_p2p(uses_a_collective, [torch.ones(2)] * 2, exercise="my_sum")
+
+
+def test_a_bug_in_the_function_is_a_launch_error_naming_the_rank():
+    def fails_on_rank_1(x):
+        if dist.get_rank() == 1:
+            raise IndexError("chunk 5 of 4")
+        return x
+
+    with pytest.raises(LaunchError, match="rank 1 of 2 raised IndexError: chunk 5 of 4"):
+        run_p2p(fails_on_rank_1, [torch.ones(1)] * 2, exercise="f")
+
+
+@pytest.mark.parametrize("length", [0, 1, 2, 3, 7, 10, 13])
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 5])
+def test_chunk_bounds_are_tensor_splits(length, world):
+    flat = torch.arange(length)
+    expected = [(int(c[0]), int(c[-1]) + 1) if c.numel() else None for c in flat.tensor_split(world)]
+    bounds = chunk_bounds(length, world)
+    assert [b if b[1] > b[0] else None for b in bounds] == expected
+    assert sum(b - a for a, b in bounds) == length
+
+
+def fake_calls(world, sends_per_rank):
+    calls = []
+    for rank in range(world):
+        call = Call(rank, rank, group_members=list(range(world)))
+        call.ops = [CommOp("send", (rank + 1) % world, nbytes, 0.0, 0.0) for nbytes in sends_per_rank]
+        calls.append(call)
+    return calls
+
+
+def test_ring_traffic_accepts_a_ring_and_names_the_overhead_of_a_whole_tensor_ring():
+    def judge(world, sends, numel):
+        expect_ring_traffic(fake_calls(world, sends), numel, element_size=4, phases=2, what="all-reduce")
+
+    judge(4, [1000] * 6, 1000)
+    judge(3, [12, 8, 8, 12], 7)
+    with pytest.raises(AssertionError, match="rank 0 sent 2.0x the bytes of a ring all-reduce"):
+        judge(4, [4000] * 3, 1000)
+    with pytest.raises(AssertionError, match="rank 0's step 1 sent 4000 bytes to rank 1, more than one"):
+        judge(2, [4000], 1000)
+    with pytest.raises(AssertionError, match="rank 0 sent 8 messages: a ring all-reduce on 4 ranks takes 6"):
+        judge(4, [500] * 8, 1000)
+
+
+def test_reduce_scatter_and_all_reduce_judgements_point_at_the_chunk():
+    inputs = [torch.arange(4.0) * (r + 1) for r in range(2)]
+    total = inputs[0] + inputs[1]
+    calls = [Call(r, r, group_members=[0, 1], expected=total.clone()) for r in range(2)]
+    calls[0].after = torch.tensor([0.0, 3.0, 2.0, 3.0])   # chunk 0 right
+    calls[1].after = inputs[1].clone()                     # chunk 1 is the input: nothing added
+    with pytest.raises(AssertionError, match="rank 1 .* its chunk 1 .* unchanged from this rank's input"):
+        expect_reduce_scattered(calls, inputs, "rs")
+    calls[1].after = torch.tensor([0.0, 3.0, 9.0, 9.0])
+    with pytest.raises(AssertionError, match=r"rank 1: after ar, chunk 1 \(elements 2–3 of 4\)"):
+        expect_all_reduced([calls[1], calls[1]], "ar")
