@@ -120,13 +120,6 @@ def check_matches_single_process(train_ddp):
                       what=f"{n} samples on {world} rank(s): the epoch loss")
 
 
-def check_samples(train_ddp):
-    for world, n, batch, epochs in [(3, 20, 9, 3), (2, 9, 4, 2)]:  # N = 1: in CASES
-        with tempfile.TemporaryDirectory() as folder:
-            results, _, _ = _run(train_ddp, world, n, batch, epochs, folder, seed=7)
-        expect_sampler_behaviour(results, n, world, 7, range(epochs))
-
-
 def check_checkpoint(train_ddp):
     for world, n, batch in [(3, 20, 9)]:
         with tempfile.TemporaryDirectory() as folder:

@@ -52,36 +52,37 @@ VARIANTS = {
     "sampler_without_set_epoch": {
         "cells": {"train_ddp": _bug("        sampler.set_epoch(epoch)\n", "")},
         "loses": {"test_train_ddp_matches_single_process": "call sampler.set_epoch(epoch)",
-                  "test_train_ddp_samples": "call sampler.set_epoch(epoch)"},
+                  "test_train_ddp_edge_cases": "call sampler.set_epoch(epoch)"},
     },
     "all_ranks_on_the_same_data": {  # no DistributedSampler: every rank shuffles the whole data set
         "cells": {"train_ddp": _bug(
             "loader = DataLoader(dataset, batch_size=global_batch // world, sampler=sampler)",
             "loader = DataLoader(dataset, batch_size=global_batch // world, shuffle=True)")},
         "loses": {"test_train_ddp_matches_single_process": "every rank trained on the same samples",
-                  "test_train_ddp_samples": "every rank trained on the same samples"},
+                  "test_train_ddp_edge_cases": "every rank trained on the same samples"},
     },
     "sampler_seeded_by_rank": {
         "cells": {"train_ddp": _bug("DistributedSampler(dataset, shuffle=True, seed=seed)",
                                     "DistributedSampler(dataset, shuffle=True, seed=seed + rank)")},
         "loses": {"test_train_ddp_matches_single_process": "by no rank",
-                  "test_train_ddp_samples": "must shuffle with the same seed"},
+                  "test_train_ddp_edge_cases": "must shuffle with the same seed"},
     },
     "loss_not_averaged_across_ranks": {
         "cells": {"train_ddp": _bug("        dist.all_reduce(totals)\n", "")},
-        "loses": {"test_train_ddp_matches_single_process": "the ranks disagree"},
-        "keeps": ["test_train_ddp_samples", "test_train_ddp_checkpoint"],
+        "loses": {"test_train_ddp_matches_single_process": "the ranks disagree",
+                  "test_train_ddp_edge_cases": "the ranks disagree"},
+        "keeps": ["test_train_ddp_checkpoint"],
     },
     "checkpoint_written_by_every_rank": {
         "cells": {"train_ddp": _bug(
             "        if rank == 0:\n            torch.save(",
             "        if True:\n            torch.save(")},
         "loses": {"test_train_ddp_checkpoint": "rank 1 wrote the checkpoint"},
-        "keeps": ["test_train_ddp_matches_single_process", "test_train_ddp_samples"],
+        "keeps": ["test_train_ddp_matches_single_process", "test_train_ddp_edge_cases"],
     },
     "resume_without_optimizer_state": {
         "cells": {"train_ddp": _bug('        optimizer.load_state_dict(checkpoint["optimizer"])\n', "")},
         "loses": {"test_train_ddp_checkpoint": "restore the model and the optimizer"},
-        "keeps": ["test_train_ddp_matches_single_process", "test_train_ddp_samples"],
+        "keeps": ["test_train_ddp_matches_single_process", "test_train_ddp_edge_cases"],
     },
 }
