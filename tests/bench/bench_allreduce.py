@@ -1,0 +1,106 @@
+"""All-reduce bandwidth: the reference ring, the naive all-reduce and gloo's dist.all_reduce.
+
+For N = 2 and 4 ranks and tensors of 4 KiB to 64 MiB (float32), every function runs on the
+same data in turn, repeat after repeat (interleaved, so machine noise hits them alike); a
+repeat's time is the slowest rank's, and the table shows medians as algbw and busbw
+(NCCL-tests: busbw = algbw * 2(N-1)/N), with each function's busbw over gloo's measured in
+the same run. The plot goes to bench-results/bench_allreduce.png (git-ignored).
+
+The reference ring (autograder/dpgrader/reference_ring.py) is the solution of notebook 04
+tuned for speed: its target is busbw >= 1.0x gloo's at >= 4 MiB. Runs in about 2 minutes.
+"""
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch.distributed as dist
+
+from dpcourse import launch
+from dpcourse.costmodel import busbw, format_bytes, plot_bandwidth, time_all_reduces
+from dpgrader.reference_ring import bidirectional_ring_all_reduce, naive_all_reduce, ring_all_reduce
+
+RESULTS = Path(__file__).resolve().parents[2] / "bench-results"
+SIZES = [4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
+WORLD_SIZES = (2, 4)
+BASELINE = "dist.all_reduce"
+TARGET_FROM = 4 << 20  # the reference ring should reach gloo's busbw from this size up
+
+
+def gloo_all_reduce(tensor):
+    dist.all_reduce(tensor)
+
+
+CONTENDERS = {
+    "reference ring": ring_all_reduce,
+    "bidirectional ring": bidirectional_ring_all_reduce,
+    "naive (root)": naive_all_reduce,
+    BASELINE: gloo_all_reduce,
+}
+
+
+def measure(world_size):
+    """Small sizes get more repeats (they are cheap and noisier); the big ones fewer."""
+    timings = {name: {} for name in CONTENDERS}
+    for sizes, repeats in (([s for s in SIZES if s < 4 << 20], 21), ([s for s in SIZES if s >= 4 << 20], 9)):
+        part = launch(time_all_reduces, world_size, CONTENDERS, sizes, repeats, deadline=600)[0]
+        for name, per_size in part.items():
+            timings[name].update(per_size)
+    return timings
+
+
+def print_table(world_size, timings):
+    print(f"\nN = {world_size}  (busbw = algbw * 2(N-1)/N; ratio = busbw / busbw of {BASELINE}, same run)")
+    names = list(CONTENDERS)
+    print(f"{'size':>8} " + " ".join(f"{name:>28}" for name in names))
+    for nbytes in SIZES:
+        cells = []
+        for name in names:
+            seconds = timings[name][nbytes]
+            ratio = timings[BASELINE][nbytes] / seconds
+            cells.append(f"{seconds * 1e3:7.2f} ms {busbw(nbytes, seconds, world_size) / 1e9:5.2f} GB/s "
+                         f"{ratio:4.2f}x")
+        print(f"{format_bytes(nbytes):>8} " + " ".join(f"{c:>28}" for c in cells))
+
+
+def main():
+    start = time.monotonic()
+    all_timings = {}
+    for world_size in WORLD_SIZES:
+        all_timings[world_size] = measure(world_size)
+        print_table(world_size, all_timings[world_size])
+    print(f"\nreference ring busbw / {BASELINE} busbw at >= {format_bytes(TARGET_FROM)} (target >= 1.0x):")
+    misses = []
+    for world_size, timings in all_timings.items():
+        for nbytes in (s for s in SIZES if s >= TARGET_FROM):
+            ratio = timings[BASELINE][nbytes] / timings["reference ring"][nbytes]
+            misses += [(world_size, nbytes, ratio)] if ratio < 1.0 else []
+            print(f"  N={world_size} {format_bytes(nbytes):>7}: {ratio:.2f}x")
+    print("  all at or above 1.0x" if not misses else
+          "  below 1.0x: " + ", ".join(f"N={n} {format_bytes(s)} {r:.2f}x" for n, s, r in misses)
+          + " (runs vary; rerun on an idle machine before concluding)")
+    save_plot(all_timings)
+    print(f"\n{time.monotonic() - start:.0f} s")
+
+
+def save_plot(all_timings):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # pragma: no cover - matplotlib is in requirements.txt
+        return
+    RESULTS.mkdir(exist_ok=True)
+    fig, axes = plt.subplots(1, len(all_timings), figsize=(6 * len(all_timings), 4), sharey=True)
+    for ax, (world_size, timings) in zip(axes, all_timings.items(), strict=True):
+        plot_bandwidth({world_size: timings}, title=f"all-reduce busbw, N = {world_size} (gloo, CPU)", ax=ax)
+    fig.tight_layout()
+    path = RESULTS / "bench_allreduce.png"
+    fig.savefig(path, dpi=100)
+    print(f"plot: {os.path.relpath(path)}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
