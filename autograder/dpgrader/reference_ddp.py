@@ -3,9 +3,9 @@
 Same contract as the exercise's `BucketedDDP`, tuned the way torch's C++ Reducer is:
   * buckets of parameters in reverse registration order, closed once they hold
     >= bucket_cap bytes (torch's `_compute_bucket_assignment_by_size` rule);
-  * one preallocated flat buffer per bucket: a gradient is copied into its slot
-    by its post-accumulate-grad hook (no torch.cat at launch time);
-  * a full bucket is divided by N and its all-reduce launched asynchronously,
+  * one preallocated flat buffer per bucket: a gradient is copied into its slot,
+    divided by N in the same pass, by its post-accumulate-grad hook (no torch.cat);
+  * a full bucket's all-reduce is launched asynchronously,
     buckets strictly in index order (so every rank issues the same collectives
     in the same order, whatever order its hooks fire in);
   * `finish_gradient_sync()` waits bucket by bucket and copies results back.
@@ -62,11 +62,11 @@ class ReferenceDDP(nn.Module):
     def _grad_ready(self, param):
         i, offset, n = self.slot[param]
         self.ready.add(param)
-        self.buffers_[i][offset:offset + n].copy_(param.grad.reshape(-1))
+        # copy and divide in one pass, as torch's Reducer does (at::mul_out into the bucket view)
+        torch.mul(param.grad.reshape(-1), 1.0 / self.world_size, out=self.buffers_[i][offset:offset + n])
         self.pending[i] -= 1
         while self.next_bucket < len(self.buckets) and self.pending[self.next_bucket] == 0:
             j = self.next_bucket
-            self.buffers_[j].div_(self.world_size)
             self.works[j] = dist.all_reduce(self.buffers_[j], async_op=True)
             self.next_bucket += 1
 

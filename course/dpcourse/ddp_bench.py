@@ -64,18 +64,42 @@ def step_times(variants, depth=6, width=256, per_rank=32, steps=3, rounds=4, dty
     return times
 
 
-def compare_step_times(variants, world_size, **options):
-    """Launch `world_size` ranks running `step_times`; return {name: median seconds per step on rank 0}."""
+def compare_step_times(variants, world_size, baseline=None, **options):
+    """Launch `world_size` ranks running `step_times`; return {name: median seconds per step on rank 0}.
+
+    With `baseline` (a variant's name), return (medians, ratios) where ratios[name] is the median over
+    rounds of this round's median step time / the baseline's in the same round: pairing each round
+    with itself cancels the drift of a shared machine better than a ratio of overall medians.
+    """
     deadline = options.pop("deadline", 300)
+    steps = options.get("steps", 3)
     results = launch(step_times, world_size, variants, deadline=deadline, **options)
-    return {name: statistics.median(times) for name, times in results[0].items()}
+    medians = {name: statistics.median(times) for name, times in results[0].items()}
+    if baseline is None:
+        return medians
+    return medians, paired_ratios(results[0], baseline, steps)
 
 
-def print_ratios(medians_by_world_size, baseline):
-    """A table: median step time of each variant and its ratio to `baseline`, per world size."""
+def paired_ratios(times, baseline, steps):
+    """{name: median over rounds of median(name's steps) / median(baseline's steps) in that round}."""
+    def per_round(values):
+        return [statistics.median(values[i:i + steps]) for i in range(0, len(values), steps)]
+    base = per_round(times[baseline])
+    return {name: statistics.median(a / b for a, b in zip(per_round(values), base, strict=True))
+            for name, values in times.items()}
+
+
+def print_ratios(medians_by_world_size, baseline, ratios_by_world_size=None):
+    """A table: median step time of each variant and its ratio to `baseline`, per world size.
+
+    The ratio is medians[name] / medians[baseline], or the paired ratio when ratios are given.
+    """
     names = list(next(iter(medians_by_world_size.values())))
     print(f"{'N':>3}  " + "  ".join(f"{name:>22}" for name in names))
     for world_size, medians in medians_by_world_size.items():
-        cells = [f"{medians[n] * 1e3:8.1f} ms ({medians[n] / medians[baseline]:4.2f}x)" for n in names]
+        ratios = (ratios_by_world_size or {}).get(world_size) or {
+            n: medians[n] / medians[baseline] for n in names}
+        cells = [f"{medians[n] * 1e3:8.1f} ms ({ratios[n]:4.2f}x)" for n in names]
         print(f"{world_size:>3}  " + "  ".join(f"{c:>22}" for c in cells))
-    print(f"(ratio: step time / step time of {baseline}, medians, same run)")
+    how = "median over rounds of per-round ratios" if ratios_by_world_size else "ratio of medians"
+    print(f"(step time / step time of {baseline}: {how}, same run)")
