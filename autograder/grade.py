@@ -133,14 +133,18 @@ def _collect(root, assignment, student, notebook, log):
 
 
 def _cell_result(cell, grade):
+    """One graded cell. `manual` cells (written answers) are graded by hand: an untouched answer
+    gets 0 from nbgrader, an edited one gets points None until the instructor grades it."""
     points = grade.score if grade.auto_score is not None or grade.manual_score is not None else None
+    manual = bool(cell.metadata.get("nbgrader", {}).get("solution"))
     return {"grade_id": grade.name, "points": points, "max_points": grade.max_score,
-            "message": _message(cell, points, grade.max_score)}
+            "manual": manual, "message": _message(cell, points, grade.max_score)}
 
 
 def _message(cell, points, max_points):
-    if cell.cell_type != "code":
-        return "answer graded by hand by the instructor"
+    if cell.metadata.get("nbgrader", {}).get("solution"):
+        return ("answer graded by hand by the instructor" if points is None
+                else "answer unchanged: write your answer (graded by hand)")
     for out in cell.get("outputs", []):
         if out.output_type == "error":
             text = f"{out.ename}: {out.evalue}".strip().splitlines()

@@ -11,16 +11,16 @@ def test_solution_full_marks_released_zero_and_planted_bugs_lose_points(assignme
     graded = graded_assignment(assignment, tmp_path)
     problems = []
 
-    # cells graded by hand (written answers) have points None until the instructor grades them
+    # written answers are graded by hand: left out here (grade.py marks them "manual")
     solution = graded["solution"]
-    short = [c for c in solution["cells"] if c["points"] is not None and c["points"] != c["max_points"]]
+    short = [c for c in solution["cells"] if not c["manual"] and c["points"] != c["max_points"]]
     if solution.get("error") or short or not solution["cells"]:
         problems.append(f"solution scored {solution['score']}/{solution['max_score']}: "
                         + "; ".join(f"{c['grade_id']}: {c['message'][:300]}" for c in short)
                         + solution.get("error", ""))
 
     released = graded["released"]
-    auto = [c for c in released["cells"] if c["points"] is not None]
+    auto = [c for c in released["cells"] if not c["manual"]]
     if not auto or any(c["points"] != 0 for c in auto):
         problems.append("released notebook passes "
                         + ", ".join(c["grade_id"] for c in auto if c["points"]))
