@@ -202,10 +202,8 @@ def test_efficiency_and_the_ring_model():
 
 
 def test_scaling_step_timer_runs_on_two_ranks():
-    from dpcourse.ddp_warmup import warm_up
     from dpcourse.scaling import ddp_steps_per_second
 
-    warm_up()
     seconds = launch(ddp_steps_per_second, 2, 4, 2, 1, 4)
     assert len(seconds) == 2 and all(s > 0 for s in seconds)
 

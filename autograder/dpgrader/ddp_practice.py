@@ -32,11 +32,8 @@ from dpcourse.ddp_reference import (
     single_process_training,
     with_save_log,
 )
-from dpcourse.ddp_warmup import warm_up
 from dpcourse.images import GeneratedImages
 from dpcourse.smallcnn import SmallCNN
-
-warm_up()
 
 CNN = partial(SmallCNN, width=4, dtype=torch.float64)
 PLAIN_CNN = partial(SmallCNN, width=3, norm=None, dtype=torch.float64)
