@@ -1,16 +1,20 @@
 """Reference all-reduces for the benchmark (tests/bench/bench_allreduce.py): grader side, never released.
 
 `ring_all_reduce` is a solution of notebook 04 tuned for speed, so it lives here, not in
-course/. What makes it fast with gloo on a CPU (measured in the benchmark):
-  * each step posts the irecv before the isend and waits on both, so every rank sends and
-    receives at the same time (gloo's p2p is a rendezvous: a message moves only once its
-    receive is posted);
-  * the receive buffer of the reduce-scatter is allocated once and kept between calls (a
-    fresh 16 MiB buffer costs its page faults on every call), the add is in place, and the
-    all-gather receives straight into the tensor;
-  * with `bidirectional=True` the tensor is split in two halves that travel round the ring
-    in opposite directions, so each rank also uses the other direction of each link.
-`naive_all_reduce` is notebook 03's (gather to rank 0, add, send back), for comparison.
+course/. gloo's point-to-point messages are a rendezvous: a message moves only once its
+receive is posted, and a blocked `wait()` sleeps, so every step at which a rank must wake
+up, post the next receive and only then let its neighbour's data flow costs a scheduler
+wake-up (measured here: 0.1 ms to 4 ms on a busy 2-core machine). The tuned ring
+  * posts every receive of the reduce-scatter up front, each into its own slice of a
+    scratch buffer kept between calls (a fresh buffer costs its page faults every call),
+    so a neighbour's message never waits for this rank to be scheduled;
+  * waits on a receive only when it needs the data (to add it in place, then send it on),
+    and on its sends only at the end of each phase;
+  * posts every receive of the all-gather up front too, straight into the tensor's chunks
+    (once the reduce-scatter's sends are done: nothing reads those chunks any more).
+It sends exactly the ring's bytes: 2(N-1) messages of one chunk.
+`textbook_ring_all_reduce` is the notebook's solution (irecv+isend, wait, add, next step),
+and `naive_all_reduce` notebook 03's (gather to rank 0, add, send back), for comparison.
 """
 
 import torch
@@ -20,7 +24,7 @@ _BUFFERS = {}
 
 
 def _scratch(numel, like, slot):
-    """A receive buffer of at least numel elements, kept between calls (one per dtype, device, slot)."""
+    """A buffer of at least numel elements, kept between calls (one per dtype, device and slot)."""
     key = (like.dtype, like.device, slot)
     buffer = _BUFFERS.get(key)
     if buffer is None or buffer.numel() < numel:
@@ -28,53 +32,61 @@ def _scratch(numel, like, slot):
     return buffer[:numel]
 
 
-def _ring_phases(streams, group):
-    """Run reduce-scatter then all-gather on several independent rings at once.
-
-    streams: list of (chunks, right, left, position, scratch) -- the N chunks of one part of the
-    tensor, the group ranks it goes to and comes from, and this rank's position along that ring.
-    """
-    world = dist.get_world_size(group)
-    for phase in ("reduce_scatter", "all_gather"):
-        for step in range(world - 1):
-            works, adds = [], []
-            for chunks, right, left, position, scratch in streams:
-                if phase == "reduce_scatter":
-                    send_i, recv_i = (position - step - 1) % world, (position - step - 2) % world
-                    target = scratch[:chunks[recv_i].numel()]
-                    adds.append((chunks[recv_i], target))
-                else:
-                    send_i, recv_i = (position - step) % world, (position - step - 1) % world
-                    target = chunks[recv_i]
-                works.append(dist.irecv(target, group=group, group_src=left))
-                works.append(dist.isend(chunks[send_i], group=group, group_dst=right))
-            for work in works:
-                work.wait()
-            for chunk, incoming in adds:
-                chunk.add_(incoming)
-
-
-def ring_all_reduce(tensor, group=None, bidirectional=False):
+def ring_all_reduce(tensor, group=None):
     """In place sum over the group, like dist.all_reduce: reduce-scatter, then all-gather, on a ring."""
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     if world == 1:
         return
-    flat = tensor.view(-1)
+    chunks = tensor.view(-1).tensor_split(world)
     right, left = (rank + 1) % world, (rank - 1) % world
-    parts = flat.tensor_split(2) if bidirectional else (flat,)
-    streams = []
-    for slot, part in enumerate(parts):
-        chunks = part.tensor_split(world)
-        scratch = _scratch(chunks[0].numel(), flat, slot)
-        if slot == 0:
-            streams.append((chunks, right, left, rank, scratch))
-        else:  # the same ring walked the other way: positions counted from the other side
-            streams.append((chunks, left, right, (world - rank) % world, scratch))
-    _ring_phases(streams, group)
+    size = chunks[0].numel()
+    scratch = _scratch(size * (world - 1), tensor, "ring")
+
+    # reduce-scatter: at step s receive chunk (rank - s - 2), add it, send it on at step s + 1
+    targets = [(rank - s - 2) % world for s in range(world - 1)]
+    buffers = [scratch[s * size:s * size + chunks[i].numel()] for s, i in enumerate(targets)]
+    receives = [dist.irecv(b, group=group, group_src=left) for b in buffers]
+    sends = [dist.isend(chunks[(rank - 1) % world], group=group, group_dst=right)]
+    for step, i in enumerate(targets):
+        receives[step].wait()
+        chunks[i].add_(buffers[step])
+        if step < world - 2:
+            sends.append(dist.isend(chunks[i], group=group, group_dst=right))
+    for work in sends:
+        work.wait()
+
+    # all-gather: rank holds the finished chunk `rank`; receive the others straight into place
+    targets = [(rank - s - 1) % world for s in range(world - 1)]
+    receives = [dist.irecv(chunks[i], group=group, group_src=left) for i in targets]
+    sends = [dist.isend(chunks[rank], group=group, group_dst=right)]
+    for step, i in enumerate(targets):
+        receives[step].wait()
+        if step < world - 2:
+            sends.append(dist.isend(chunks[i], group=group, group_dst=right))
+    for work in sends:
+        work.wait()
 
 
-def bidirectional_ring_all_reduce(tensor, group=None):
-    ring_all_reduce(tensor, group, bidirectional=True)
+def textbook_ring_all_reduce(tensor, group=None):
+    """Notebook 04's solution: each step posts irecv + isend, waits on both, then adds."""
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    chunks = tensor.view(-1).tensor_split(world)
+    right, left = (rank + 1) % world, (rank - 1) % world
+    incoming = torch.empty_like(chunks[0])
+    for step in range(world - 1):
+        send_i, recv_i = (rank - step - 1) % world, (rank - step - 2) % world
+        buffer = incoming[:chunks[recv_i].numel()]
+        works = [dist.irecv(buffer, group=group, group_src=left),
+                 dist.isend(chunks[send_i], group=group, group_dst=right)]
+        for work in works:
+            work.wait()
+        chunks[recv_i].add_(buffer)
+    for step in range(world - 1):
+        send_i, recv_i = (rank - step) % world, (rank - step - 1) % world
+        works = [dist.irecv(chunks[recv_i], group=group, group_src=left),
+                 dist.isend(chunks[send_i], group=group, group_dst=right)]
+        for work in works:
+            work.wait()
 
 
 def naive_all_reduce(tensor, group=None):

@@ -104,28 +104,32 @@ def ping_pong(sizes, repeats=5):
     return out
 
 
-def time_all_reduces(fns, sizes, repeats=5, dtype=torch.float32):
+def time_all_reduces(fns, sizes, repeats=5, dtype=torch.float32, samples=False):
     """Runs on every rank: time each all-reduce function on each size, interleaved; medians.
 
-    fns: {name: fn(tensor)}, each an in-place sum like dist.all_reduce. Every repeat runs the
-    functions in turn on the same data (so machine noise hits them alike), after a barrier;
-    a repeat's time is the slowest rank's. The result of each call is checked against N·x.
-    Returns {name: {nbytes: median seconds}}.
+    fns: {name: fn(tensor)}, each an in-place sum like dist.all_reduce. Every repeat runs all
+    the functions on the same data, one after the other, starting with a different one each
+    time (so machine noise and cache effects hit them alike), each after a barrier; a
+    repeat's time is the slowest rank's. The result of each call is checked against N·x.
+    Returns {name: {nbytes: median seconds}}, or with samples=True {name: {nbytes: [seconds
+    of each repeat]}} (repeat i of every function ran back to back: ratios can be paired).
     """
     world = dist.get_world_size()
     element = torch.empty((), dtype=dtype).element_size()
+    names = list(fns)
     out = {name: {} for name in fns}
     for nbytes in sizes:
         numel = max(1, nbytes // element)
         source = torch.ones(numel, dtype=dtype, device=rank_device())
         tensor = source.clone()
         times = {name: [] for name in fns}
-        for _ in range(repeats + 1):  # the first round warms up buffers and connections
-            for name, fn in fns.items():
+        for repeat in range(repeats + 1):  # round 0 warms up buffers and connections
+            for k in range(len(names)):
+                name = names[(repeat + k) % len(names)]
                 tensor.copy_(source)
                 dist.barrier()
                 start = time.perf_counter()
-                fn(tensor)
+                fns[name](tensor)
                 elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
                 dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
                 times[name].append(elapsed.item())
@@ -133,7 +137,8 @@ def time_all_reduces(fns, sizes, repeats=5, dtype=torch.float32):
                     raise AssertionError(f"{name} returned a wrong sum on {numel} elements: "
                                          f"{tensor[0].item()} … {tensor[-1].item()}, expected {world}")
         for name in fns:
-            out[name][numel * element] = statistics.median(times[name][1:])
+            kept = times[name][1:]
+            out[name][numel * element] = kept if samples else statistics.median(kept)
     return out
 
 
