@@ -151,7 +151,8 @@ def _op(r):
     if r.report:
         calls = re.findall(r'torch/distributed/distributed_c10d\.py", line \d+, in (\w+)', r.report[4])
     else:
-        calls = [f["func"] for f in _stack(r) if "torch/distributed/" in f["path"]][-1:]
+        # the stack is innermost first: its first frame in distributed_c10d.py is the call
+        calls = [f["func"] for f in _stack(r) if f["path"].endswith("distributed_c10d.py")][:1]
     return calls[-1] if calls else "a wait"
 
 
