@@ -279,15 +279,20 @@ def expect_bucket_traffic(comms, model, cap, what, rank=0):
         others = sorted({op for op, _ in ops if op != "all_reduce"})
         if others:
             raise AssertionError(f"rank {rank}: {what} called {others} in step {step}: use dist.all_reduce")
-        if len(ops) != len(sizes):
-            raise AssertionError(
-                f"rank {rank}: {what} issued {len(ops)} all-reduces in step {step}, expected "
-                f"{len(sizes)} (buckets of {sizes} bytes: parameters in reverse order, a bucket closes "
-                f"once it holds >= {cap} bytes)")
-        sent = sum(n for _, n in ops)
-        if sent != total:
-            raise AssertionError(f"rank {rank}: {what} all-reduced {sent} bytes in step {step}, but the "
-                                 f"gradients hold {total} bytes: a parameter is left out or sent twice")
+        _expect_all_reduces(ops, sizes, total, what, rank, step,
+                            f"buckets of {sizes} bytes: parameters in reverse order, a bucket closes "
+                            f"once it holds >= {cap} bytes")
+
+
+def _expect_all_reduces(ops, sizes, total, what, rank, step, rule):
+    """One step's all-reduces: as many as `sizes` says (the `rule` explains why), every byte once."""
+    if len(ops) != len(sizes):
+        raise AssertionError(f"rank {rank}: {what} issued {len(ops)} all-reduces in step {step}, "
+                             f"expected {len(sizes)} ({rule})")
+    sent = sum(n for _, n in ops)
+    if sent != total:
+        raise AssertionError(f"rank {rank}: {what} all-reduced {sent} bytes in step {step}, but the "
+                             f"gradients hold {total} bytes: a parameter is left out or sent twice")
 
 
 def _overlap_probe(BucketedDDP, cap, depth=12):
@@ -549,15 +554,9 @@ def expect_fusion_traffic(comms, params, threshold, what, rank=0):
     for step, (during_backward, ops) in enumerate(comms):
         if during_backward:
             raise AssertionError(f"rank {rank}: {what} communicated during backward: reduce in step()")
-        if len(ops) != len(sizes):
-            raise AssertionError(
-                f"rank {rank}: {what} issued {len(ops)} all-reduces in step {step}, expected {len(sizes)} "
-                f"(fusion buffers of {sizes} bytes: gradients in param_groups order, a buffer is sent "
-                f"before the next gradient would take it over {threshold} bytes)")
-        sent = sum(n for _, n in ops)
-        if sent != total:
-            raise AssertionError(f"rank {rank}: {what} all-reduced {sent} bytes in step {step}, but the "
-                                 f"gradients hold {total} bytes: a parameter is left out or sent twice")
+        _expect_all_reduces(ops, sizes, total, what, rank, step,
+                            f"fusion buffers of {sizes} bytes: gradients in param_groups order, a buffer "
+                            f"is sent before the next gradient would take it over {threshold} bytes")
 
 
 def check_distributed_optimizer(DistributedOptimizer):

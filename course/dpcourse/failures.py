@@ -27,8 +27,9 @@ class LaunchError(RuntimeError):
         self.rank, self.kind, self.ranks = rank, kind, sorted(set(ranks) | {rank})
 
 
-def describe_failure(ranks, stopped, why, deadline, group_timeout):
-    """Build the LaunchError for a launch that failed (why="failed") or ran out of time."""
+def describe_failure(ranks, stopped, deadline, group_timeout):
+    """Build the LaunchError for a launch that failed or ran out of time; `stopped` are the ranks
+    the launcher had to stop (still running, no report)."""
     world = len(ranks)
     failed = [r for r in ranks if r not in stopped and _is_failure(r)]
     genuine = [r for r in failed if _kind(r) not in ("victim", "waited")]
@@ -73,9 +74,9 @@ def describe_failure(ranks, stopped, why, deadline, group_timeout):
         head = (f"rank {culprit.rank} of {world} lost its connection to a peer: "
                 f"{culprit.report[2]}: {culprit.report[3]}")
         kind = "raised"
-    body = [head, "", *_details(culprit, deadline)]
+    body = [head, "", *_details(culprit)]
     for r in others(culprit):
-        line = _one_line(r, stopped, deadline)
+        line = _one_line(r, stopped)
         if line:
             body.append(f"  rank {r.rank}: {line}")
     return LaunchError("\n".join(body).rstrip(), culprit.rank, kind,
@@ -124,7 +125,7 @@ def _headline(r, world):
             f"(os._exit, sys.exit in a C extension, or a crash)")
 
 
-def _details(r, deadline):
+def _details(r):
     if r.report and r.report[4]:
         return [f"Traceback of rank {r.rank} (most recent call last):",
                 *_trim_traceback(r.report[4]), ""]
@@ -135,7 +136,7 @@ def _details(r, deadline):
     return []
 
 
-def _one_line(r, stopped, deadline):
+def _one_line(r, stopped):
     if r in stopped:
         return f"stopped while running {_where(r)}"
     if r.report and r.report[0] == "error":

@@ -236,14 +236,14 @@ def _supervise(ranks, deadline, group_timeout):
             _reap(ranks)
             if any(_failed(r) for r in ranks):
                 _pump_for(selector, 0.3)  # let simultaneous failures (timeouts) report too
-                raise _failure(ranks, selector, "failed", deadline, group_timeout)
+                raise _failure(ranks, selector, deadline, group_timeout)
             if all(not r.alive for r in ranks):
                 _pump_until_closed(selector)
                 if any(_failed(r) for r in ranks):
-                    raise _failure(ranks, selector, "failed", deadline, group_timeout)
+                    raise _failure(ranks, selector, deadline, group_timeout)
                 return [r.report[2] for r in ranks]
             if time.monotonic() > end:
-                raise _failure(ranks, selector, "deadline", deadline, group_timeout)
+                raise _failure(ranks, selector, deadline, group_timeout)
     finally:
         _flush_partial_lines(ranks)
         selector.close()
@@ -325,7 +325,7 @@ def _reap(ranks):
                     r.popen.returncode = os.waitstatus_to_exitcode(status)
 
 
-def _failure(ranks, selector, why, deadline, group_timeout):
+def _failure(ranks, selector, deadline, group_timeout):
     """Collect the stacks of the ranks still running, kill everything, explain."""
     alive = [r for r in ranks if r.alive and r.report is None]
     for r in alive:
@@ -336,7 +336,7 @@ def _failure(ranks, selector, why, deadline, group_timeout):
     _kill_and_reap(ranks)
     _pump_until_closed(selector, limit=0.5)
     _flush_partial_lines(ranks)
-    return describe_failure(ranks, alive, why, deadline, group_timeout)
+    return describe_failure(ranks, alive, deadline, group_timeout)
 
 
 BOTTOM_FRAME = re.compile(rb'_rank\.py", line \d+ in \w+\n')
