@@ -109,6 +109,9 @@ def main(argv=None):
                   f"losses {shown or '(no epoch left to train)'}", flush=True)
             if args.out:
                 torch.save(_to_cpu(result), args.out)
+        # leave together: a rank that tears down gloo while a peer still holds its connections
+        # makes that peer abort ("terminate called without an active exception", seen here)
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
