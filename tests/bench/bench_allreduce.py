@@ -12,6 +12,14 @@ notebook's solution as written, "naive (root)" notebook 03's. Besides the ratio 
 the summary gives the median of per-repeat ratios (each repeat runs the functions back to
 back, so a burst of machine noise hits them alike) and the ratio of first quartiles (the
 least disturbed runs). Runs in about a minute and a half.
+
+What to expect on a 2-core machine (measured here): at N = 4 the reference ring beats gloo
+(1.1-1.25x at >= 4 MiB). At N = 2 it is within noise of gloo (0.8-1.05x at 4-16 MiB, about
+1.0x at 64 MiB, varying from run to run): both directions of the ring share one connection
+and the same two cores, so an exchange of 8 MiB each way (3.5 ms) moves bytes no faster than
+a one-way send of 8 MiB (1.6 ms) and there is no overlap left to win; gloo's own all-reduce
+is the same ring in C++. The first exchange after the barrier stalls for 2-5 ms in about one
+call in five, later ones about one in thirty, which dominates medians at 4 MiB.
 """
 
 import os
