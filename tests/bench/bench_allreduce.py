@@ -19,7 +19,9 @@ What to expect on a 2-core machine (measured here): at N = 4 the reference ring 
 and the same two cores, so an exchange of 8 MiB each way (3.5 ms) moves bytes no faster than
 a one-way send of 8 MiB (1.6 ms) and there is no overlap left to win; gloo's own all-reduce
 is the same ring in C++. The first exchange after the barrier stalls for 2-5 ms in about one
-call in five, later ones about one in thirty, which dominates medians at 4 MiB.
+call in five, later ones about one in thirty, which dominates medians at 4 MiB; `perf sched`
+showed one such stall as a gloo I/O thread queued 4.7 ms behind its peer's on one core while
+the other core idled (pinning each rank to a core made it worse: 18-21 stalls in 60 vs 9-13).
 """
 
 import os
