@@ -1,21 +1,22 @@
 """Reference all-reduces for the benchmark (tests/bench/bench_allreduce.py): grader side, never released.
 
 `ring_all_reduce` is a solution of notebook 04 tuned for speed, so it lives here, not in
-course/. gloo's point-to-point messages are a rendezvous: a message moves only once its
-receive is posted, and a blocked `wait()` sleeps, so every step at which a rank must wake
-up, post the next receive and only then let its neighbour's data flow costs a scheduler
-wake-up (measured here: 0.1 ms to 4 ms on a busy 2-core machine). The tuned ring
-  * posts every receive of the reduce-scatter up front, each into its own slice of a
-    scratch buffer kept between calls (a fresh buffer costs its page faults every call),
-    so a neighbour's message never waits for this rank to be scheduled;
-  * waits on a receive only when it needs the data (to add it in place, then send it on),
-    and on its sends only at the end of each phase;
-  * posts every receive of the all-gather up front too, straight into the tensor's chunks
-    (once the reduce-scatter's sends are done: nothing reads those chunks any more).
-  * posts each phase's first send before its receives: on 2 ranks (one connection
-    carrying both directions) a 2 MiB exchange stalled for 2-5 ms in 30% of tries with the
-    receive posted first and in 15% with the send first (measured here, 300 tries each).
-It sends exactly the ring's bytes: 2(N-1) messages of one chunk.
+course/. It sends exactly the ring's messages (2(N-1) of one chunk per rank) and changes only
+when and on which connection they travel. What made it fast here (2 cores, gloo over loopback;
+ratios against gloo's `dist.all_reduce` in the same run):
+  * every receive of both phases is posted before the first wait -- the reduce-scatter's into
+    slices of a scratch buffer kept between calls (a fresh one costs its page faults every
+    call), the all-gather's straight into the tensor's chunks -- so a neighbour's message never
+    waits for this rank to wake up and post it. Writing into a chunk early is safe: the
+    all-gather's copy of chunk i can only arrive after its owner summed it, which needs this
+    rank's own contribution to chunk i to have been received;
+  * the first send is posted before the receives (on 2 ranks this halved the exchanges that
+    stalled for 2-5 ms: 30% -> 15%, 300 tries each);
+  * messages from even ranks travel on the group's connections, messages from odd ranks on a
+    second group's (created once per group, with its own connections and I/O thread), so each
+    TCP connection carries one direction. On 2 ranks, where both directions of the ring join
+    the same two processes, this took the ring from 0.9-1.05x to 1.1-1.4x gloo's all-reduce
+    at 4-64 MiB; on 4 ranks it changed nothing measurable.
 `textbook_ring_all_reduce` is the notebook's solution (irecv+isend, wait, add, next step),
 and `naive_all_reduce` notebook 03's (gather to rank 0, add, send back), for comparison.
 """
@@ -42,32 +43,54 @@ def ring_all_reduce(tensor, group=None):
         return
     chunks = tensor.view(-1).tensor_split(world)
     right, left = (rank + 1) % world, (rank - 1) % world
+    send_group, recv_group = _one_direction_each(group, rank, left)
     size = chunks[0].numel()
     scratch = _scratch(size * (world - 1), tensor, "ring")
 
-    # reduce-scatter: at step s receive chunk (rank - s - 2), add it, send it on at step s + 1
-    targets = [(rank - s - 2) % world for s in range(world - 1)]
-    buffers = [scratch[s * size:s * size + chunks[i].numel()] for s, i in enumerate(targets)]
-    sends = [dist.isend(chunks[(rank - 1) % world], group=group, group_dst=right)]
-    receives = [dist.irecv(b, group=group, group_src=left) for b in buffers]
-    for step, i in enumerate(targets):
-        receives[step].wait()
-        chunks[i].add_(buffers[step])
+    def send(chunk):
+        return dist.isend(chunk, group=send_group, group_dst=right)
+
+    def receive(buffer):
+        return dist.irecv(buffer, group=recv_group, group_src=left)
+
+    # reduce-scatter: at step s receive chunk (rank - s - 2), add it, send it on; the sum that
+    # completes at the last step is this rank's chunk, and sending it starts the all-gather
+    summed = [(rank - s - 2) % world for s in range(world - 1)]
+    buffers = [scratch[s * size:s * size + chunks[i].numel()] for s, i in enumerate(summed)]
+    # all-gather: at step s receive the finished chunk (rank - s - 1) straight into place
+    gathered = [(rank - s - 1) % world for s in range(world - 1)]
+
+    sends = [send(chunks[(rank - 1) % world])]
+    adding = [receive(b) for b in buffers]
+    landing = [receive(chunks[i]) for i in gathered]
+    for work, i, buffer in zip(adding, summed, buffers, strict=True):
+        work.wait()
+        chunks[i].add_(buffer)
+        sends.append(send(chunks[i]))
+    for step, (work, i) in enumerate(zip(landing, gathered, strict=True)):
+        work.wait()
         if step < world - 2:
-            sends.append(dist.isend(chunks[i], group=group, group_dst=right))
+            sends.append(send(chunks[i]))
     for work in sends:
         work.wait()
 
-    # all-gather: rank holds the finished chunk `rank`; receive the others straight into place
-    targets = [(rank - s - 1) % world for s in range(world - 1)]
-    sends = [dist.isend(chunks[rank], group=group, group_dst=right)]
-    receives = [dist.irecv(chunks[i], group=group, group_src=left) for i in targets]
-    for step, i in enumerate(targets):
-        receives[step].wait()
-        if step < world - 2:
-            sends.append(dist.isend(chunks[i], group=group, group_dst=right))
-    for work in sends:
-        work.wait()
+
+_SECOND_GROUPS = {}
+
+
+def _one_direction_each(group, rank, left):
+    """(group to send on, group to receive on): even ranks send on `group`, odd ranks on a twin.
+
+    The twin has the same ranks and its own connections, so every connection carries messages
+    one way only. Only the group's members create it (use_local_synchronization), once.
+    """
+    base = group if group is not None else dist.group.WORLD
+    twin = _SECOND_GROUPS.get(base)
+    if twin is None:
+        ranks = dist.get_process_group_ranks(base)
+        twin = _SECOND_GROUPS[base] = dist.new_group(ranks, use_local_synchronization=True)
+    pair = (base, twin)
+    return pair[rank % 2], pair[left % 2]
 
 
 def textbook_ring_all_reduce(tensor, group=None):

@@ -13,15 +13,14 @@ the summary gives the median of per-repeat ratios (each repeat runs the function
 back, so a burst of machine noise hits them alike) and the ratio of first quartiles (the
 least disturbed runs). Runs in about a minute and a half.
 
-What to expect on a 2-core machine (measured here): at N = 4 the reference ring beats gloo
-(1.1-1.25x at >= 4 MiB). At N = 2 it is within noise of gloo (0.8-1.05x at 4-16 MiB, about
-1.0x at 64 MiB, varying from run to run): both directions of the ring share one connection
-and the same two cores, so an exchange of 8 MiB each way (3.5 ms) moves bytes no faster than
-a one-way send of 8 MiB (1.6 ms) and there is no overlap left to win; gloo's own all-reduce
-is the same ring in C++. The first exchange after the barrier stalls for 2-5 ms in about one
-call in five, later ones about one in thirty, which dominates medians at 4 MiB; `perf sched`
-showed one such stall as a gloo I/O thread queued 4.7 ms behind its peer's on one core while
-the other core idled (pinning each rank to a core made it worse: 18-21 stalls in 60 vs 9-13).
+What to expect on a 2-core machine (measured here, three runs): the reference ring reaches
+1.0-1.3x gloo's busbw at >= 4 MiB on 2 ranks and 1.0-1.4x on 4. Runs vary: at N = 2 and 16 MiB
+one run of three ended at 1.00x. Before the ring sent each direction on its own connection
+(see reference_ring.py) it stayed at 0.85-1.05x on 2 ranks: both directions then share one
+connection and the same two cores, an exchange of 8 MiB each way (3.5 ms) moves bytes no
+faster than a one-way send of 8 MiB (1.6 ms), and 2-5 ms stalls (one in five first exchanges
+after the barrier; `perf sched` showed one as a gloo I/O thread queued 4.7 ms behind its peer's
+on one core while the other core idled) decided the medians.
 """
 
 import os
