@@ -66,3 +66,18 @@ def test_tuned_ring_sends_exactly_the_ring_messages(world_size):
         receives = [nbytes for op, nbytes in messages if op == "recv"]
         assert sends == [chunk_bytes] * (2 * (world_size - 1)), messages
         assert receives == [chunk_bytes] * (2 * (world_size - 1)), messages
+
+
+def twins_after_calls():
+    from dpgrader import reference_ring
+
+    sub = dist.new_group([0, 1])
+    for _ in range(3):
+        ring_all_reduce(torch.ones(10))
+        if dist.get_rank() in (0, 1):
+            ring_all_reduce(torch.ones(10), group=sub)
+    return len(reference_ring._SECOND_GROUPS)
+
+
+def test_tuned_ring_makes_its_twin_group_once_per_group():
+    assert launch(twins_after_calls, 3) == [2, 2, 1]
