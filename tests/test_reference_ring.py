@@ -79,5 +79,5 @@ def twins_after_calls():
     return len(reference_ring._SECOND_GROUPS)
 
 
-def test_tuned_ring_makes_its_twin_group_once_per_group():
-    assert launch(twins_after_calls, 3) == [2, 2, 1]
+def test_tuned_ring_makes_one_twin_group_for_the_world_and_none_for_sub_groups():
+    assert launch(twins_after_calls, 3) == [1, 1, 1]

@@ -12,11 +12,12 @@ ratios against gloo's `dist.all_reduce` in the same run):
     rank's own contribution to chunk i to have been received;
   * the first send is posted before the receives (on 2 ranks this halved the exchanges that
     stalled for 2-5 ms: 30% -> 15%, 300 tries each);
-  * messages from even ranks travel on the group's connections, messages from odd ranks on a
-    second group's (created once per group, with its own connections and I/O thread), so each
-    TCP connection carries one direction. On 2 ranks, where both directions of the ring join
-    the same two processes, this took the ring from 0.9-1.05x to 1.1-1.4x gloo's all-reduce
-    at 4-64 MiB; on 4 ranks it changed nothing measurable.
+  * messages from even ranks travel on the world group's connections, messages from odd ranks
+    on a twin group's (created once, with its own connections and I/O thread), so each TCP
+    connection carries one direction (on a sub-group the ring uses the sub-group alone). On 2
+    ranks, where both directions of the ring join the same two processes, this took the ring
+    from 0.9-1.05x to 1.0-1.3x gloo's all-reduce at 4-64 MiB; on 4 ranks it changed nothing
+    measurable.
 `textbook_ring_all_reduce` is the notebook's solution (irecv+isend, wait, add, next step),
 and `naive_all_reduce` notebook 03's (gather to rank 0, add, send back), for comparison.
 """
@@ -79,17 +80,20 @@ _SECOND_GROUPS = {}
 
 
 def _one_direction_each(group, rank, left):
-    """(group to send on, group to receive on): even ranks send on `group`, odd ranks on a twin.
+    """(group to send on, group to receive on): even ranks send on WORLD, odd ranks on its twin.
 
     The twin has the same ranks and its own connections, so every connection carries messages
-    one way only. Only the group's members create it (use_local_synchronization), once.
+    one way only. It is made once, by every rank (new_group is collective over all processes),
+    so only calls on the whole world get one: a sub-group's ring runs on the sub-group alone
+    (new_group's use_local_synchronization, which would let a sub-group make its own twin,
+    deadlocked here once another group had been created).
     """
-    base = group if group is not None else dist.group.WORLD
-    twin = _SECOND_GROUPS.get(base)
+    if group is not None and group != dist.group.WORLD:
+        return group, group
+    twin = _SECOND_GROUPS.get("world")
     if twin is None:
-        ranks = dist.get_process_group_ranks(base)
-        twin = _SECOND_GROUPS[base] = dist.new_group(ranks, use_local_synchronization=True)
-    pair = (base, twin)
+        twin = _SECOND_GROUPS["world"] = dist.new_group(list(range(dist.get_world_size())))
+    pair = (dist.group.WORLD, twin)
     return pair[rank % 2], pair[left % 2]
 
 
