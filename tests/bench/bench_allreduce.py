@@ -13,9 +13,9 @@ the summary gives the median of per-repeat ratios (each repeat runs the function
 back, so a burst of machine noise hits them alike) and the ratio of first quartiles (the
 least disturbed runs). Runs in about a minute and a half.
 
-What to expect on a 2-core machine (measured here, three runs): the reference ring reaches
-1.0-1.3x gloo's busbw at >= 4 MiB on 2 ranks and 1.0-1.4x on 4. Runs vary: at N = 2 and 16 MiB
-one run of three ended at 1.00x. Before the ring sent each direction on its own connection
+What to expect on a 2-core machine (measured here, four runs): the reference ring reaches
+1.0-1.3x gloo's busbw at >= 4 MiB on 2 ranks and 1.0-1.5x on 4. Runs vary: at N = 2 and 16 MiB
+one run of four ended at 1.00x. Before the ring sent each direction on its own connection
 (see reference_ring.py) it stayed at 0.85-1.05x on 2 ranks: both directions then share one
 connection and the same two cores, an exchange of 8 MiB each way (3.5 ms) moves bytes no
 faster than a one-way send of 8 MiB (1.6 ms), and 2-5 ms stalls (one in five first exchanges
