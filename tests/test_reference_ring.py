@@ -68,16 +68,19 @@ def test_tuned_ring_sends_exactly_the_ring_messages(world_size):
         assert receives == [chunk_bytes] * (2 * (world_size - 1)), messages
 
 
-def twins_after_calls():
+def twin_after_calls():
     from dpgrader import reference_ring
 
     sub = dist.new_group([0, 1])
+    twins = set()
     for _ in range(3):
-        ring_all_reduce(torch.ones(10))
         if dist.get_rank() in (0, 1):
             ring_all_reduce(torch.ones(10), group=sub)
-    return len(reference_ring._SECOND_GROUPS)
+        ring_all_reduce(torch.ones(10))
+        twins.add(id(reference_ring._world_twin))
+    return len(twins)
 
 
 def test_tuned_ring_makes_one_twin_group_for_the_world_and_none_for_sub_groups():
-    assert launch(twins_after_calls, 3) == [1, 1, 1]
+    # a sub-group call first must not make a twin (non-members would never join new_group)
+    assert launch(twin_after_calls, 3) == [1, 1, 1]

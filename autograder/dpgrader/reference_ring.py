@@ -76,7 +76,7 @@ def ring_all_reduce(tensor, group=None):
         work.wait()
 
 
-_SECOND_GROUPS = {}
+_world_twin = None  # the second group over all ranks, made on the first call on the world
 
 
 def _one_direction_each(group, rank, left):
@@ -88,12 +88,12 @@ def _one_direction_each(group, rank, left):
     (new_group's use_local_synchronization, which would let a sub-group make its own twin,
     deadlocked here once another group had been created).
     """
+    global _world_twin
     if group is not None and group != dist.group.WORLD:
         return group, group
-    twin = _SECOND_GROUPS.get("world")
-    if twin is None:
-        twin = _SECOND_GROUPS["world"] = dist.new_group(list(range(dist.get_world_size())))
-    pair = (dist.group.WORLD, twin)
+    if _world_twin is None:
+        _world_twin = dist.new_group(list(range(dist.get_world_size())))
+    pair = (dist.group.WORLD, _world_twin)
     return pair[rank % 2], pair[left % 2]
 
 
