@@ -34,6 +34,8 @@ import textwrap
 import time
 from functools import partial
 
+from ._rank import to_cpu
+
 DTYPES = ("float32", "float64")
 
 
@@ -108,24 +110,12 @@ def main(argv=None):
             print(f"[{dist.get_world_size()} workers, {backend}] trained in {elapsed:.2f} s; "
                   f"losses {shown or '(no epoch left to train)'}", flush=True)
             if args.out:
-                torch.save(_to_cpu(result), args.out)
+                torch.save(to_cpu(result), args.out)
         # leave together: a rank that tears down gloo while a peer still holds its connections
         # makes that peer abort ("terminate called without an active exception", seen here)
         dist.barrier()
     finally:
         dist.destroy_process_group()
-
-
-def _to_cpu(value):
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu()
-    if isinstance(value, dict):
-        return {k: _to_cpu(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_to_cpu(v) for v in value)
-    return value
 
 
 # ---------------------------------------------------------------- from a notebook cell to a file

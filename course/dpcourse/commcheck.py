@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from ._rank import to_cpu
 from .checks import describe
 from .env import rank_device
 from .launcher import launch
@@ -118,21 +119,6 @@ def world_peer(op):
     return getattr(op, "world_peer", op.peer)
 
 
-def warm_up(*recorders):
-    """Pay here, once, what the first op under a dispatch mode costs: torch imports torch._dynamo
-    on the first use of each mode class (~1 s alone, ~4 s when 4 freshly forked ranks all do it
-    at once on 2 cores). Ranks forked afterwards inherit it. Runs when this module is imported."""
-    for recorder in recorders:
-        if type(recorder) not in _WARM:
-            with recorder:
-                torch.ones(1).add_(1)
-            _WARM.append(type(recorder))
-
-
-_WARM = []
-warm_up(CommRecorder(), PeerRecorder())
-
-
 def _rank_side(fn, cases, exercise):
     """Runs on every rank: each case in order, stopping at the first one that went wrong."""
     rank, calls = dist.get_rank(), []
@@ -165,7 +151,7 @@ def _rank_side(fn, cases, exercise):
                 raise
             call.stuck = _blocked_in(exc, recorder.ops)
         call.ops = recorder.ops
-        call.result, call.after, call.expected = _cpu(call.result), _cpu(x), _cpu(call.expected)
+        call.result, call.after, call.expected = to_cpu(call.result), to_cpu(x), to_cpu(call.expected)
         if call.stuck or call.forbidden:
             break  # peers will not match the next case's calls: stop here, report this one
     return calls
@@ -185,15 +171,6 @@ def _make_group(groups, rank):
 
 def _to_device(value):
     return value.to(rank_device()).clone() if isinstance(value, torch.Tensor) else value
-
-
-def _cpu(value):
-    """Tensors back to the CPU (inside lists too), so the caller never has to touch CUDA."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu()
-    if type(value) in (list, tuple):
-        return type(value)(_cpu(v) for v in value)
-    return value
 
 
 def _blocked_in(exc, ops):
@@ -221,9 +198,9 @@ def _raise_problems(calls, exercise, label, group_timeout):
                              f"[on rank{'s' if len(forbidden) > 1 else ''} {ranks}]")
     stuck = [c for c in calls if c is not None and c.stuck]
     if stuck:
-        members = [c for c in calls if c is not None and c.group_rank is not None]
+        group = members(calls)
         lines = []
-        for c in members:
+        for c in group:
             if c.stuck:
                 lines.append(f"  rank {c.rank}: blocked {c.stuck}")
             else:
@@ -231,7 +208,7 @@ def _raise_problems(calls, exercise, label, group_timeout):
                              f"{len(c.ops) - len(c.sends)} recv(s))")
         raise AssertionError(
             f"{exercise}{where} deadlocked: rank{'s' if len(stuck) > 1 else ''} "
-            f"{_names([c.rank for c in stuck])} of {len(members)} waited {group_timeout:g} s for a "
+            f"{_names([c.rank for c in stuck])} of {len(group)} waited {group_timeout:g} s for a "
             f"partner that never came:\n" + "\n".join(lines) + "\n"
             "A blocking dist.send returns only once its peer has posted the matching recv (and a recv "
             "once a matching send arrives): if every rank sends first, or every rank receives first, "

@@ -164,15 +164,13 @@ def print_bandwidth(timings, world_size, baseline=None):
     print(f"N = {world_size}")
     header = f"{'size':>9} {'function':>16} {'time':>10} {'algbw':>11} {'busbw':>11}"
     print(header + (f" {'busbw / ' + baseline:>20}" if baseline else ""))
-    for nbytes in sorted(next(iter(timings.values()))):
-        for name, per_size in timings.items():
-            seconds = per_size[nbytes]
-            line = (f"{format_bytes(nbytes):>9} {name:>16} {seconds * 1e3:>7.2f} ms "
-                    f"{algbw(nbytes, seconds) / 1e9:>6.2f} GB/s "
-                    f"{busbw(nbytes, seconds, world_size) / 1e9:>6.2f} GB/s")
-            if baseline:
-                line += f" {timings[baseline][nbytes] / seconds:>19.2f}x"
-            print(line)
+    for name, nbytes, seconds, alg, bus in sorted(bandwidth_rows(timings, world_size),
+                                                  key=lambda row: row[1]):
+        line = (f"{format_bytes(nbytes):>9} {name:>16} {seconds * 1e3:>7.2f} ms "
+                f"{alg:>6.2f} GB/s {bus:>6.2f} GB/s")
+        if baseline:
+            line += f" {timings[baseline][nbytes] / seconds:>19.2f}x"
+        print(line)
 
 
 def plot_bandwidth(timings_by_n, title="all-reduce bus bandwidth", ax=None):

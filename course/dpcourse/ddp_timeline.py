@@ -25,7 +25,8 @@ import matplotlib.pyplot as plt
 import torch
 import torch.distributed as dist
 
-from .ddp_toys import deep_mlp, loss_fn, regression_data
+from .costmodel import format_bytes
+from .ddp_toys import deep_mlp, loss_fn, my_share, regression_data
 from .env import rank_device
 from .recorder import CommRecorder
 
@@ -133,8 +134,7 @@ def record_timelines(wrapper, caps, depth=12, width=128, per_rank=64, warmup=1, 
         per_rank = launch(record_timelines, 2, BucketedDDP, [4096, 65536])
     """
     X, Y = regression_data(per_rank * dist.get_world_size(), d_in=width, d_out=width, seed=1, dtype=dtype)
-    rows = slice(dist.get_rank() * per_rank, (dist.get_rank() + 1) * per_rank)
-    x, y = X[rows].to(rank_device()), Y[rows].to(rank_device())
+    x, y = my_share(X, Y, 0, per_rank)
     summaries = []
     for cap in caps:
         module = deep_mlp(depth, width, d_in=width, d_out=width, seed=0, dtype=dtype, device=rank_device())
@@ -155,13 +155,6 @@ def record_timelines(wrapper, caps, depth=12, width=128, per_rank=64, warmup=1, 
         dist.broadcast(typical, src=0)  # every rank shows the same step
         summaries.append(recorded[int(typical)])
     return summaries
-
-
-def _fmt_bytes(n):
-    for unit, size in (("MiB", 2 ** 20), ("KiB", 2 ** 10)):
-        if n >= size:
-            return f"{n / size:g} {unit}"
-    return f"{n} B"
 
 
 def exposed_communication(summary):
@@ -196,7 +189,7 @@ def plot_timeline(summaries, title="", ax=None):
             ax.barh(y_comm, width, left=start * ms, height=0.7, color=colours(2 * (i % 10)),
                     edgecolor="black", linewidth=0.5)
             if width > 0.08 * end:
-                ax.text(start * ms + width / 2, y_comm, f"{op} {_fmt_bytes(nbytes)}", ha="center",
+                ax.text(start * ms + width / 2, y_comm, f"{op} {format_bytes(nbytes)}", ha="center",
                         va="center", fontsize=7, color="white")
         marks = s["marks"]
         if "backward_end" in marks:
@@ -227,14 +220,14 @@ def timeline_widget(per_rank_summaries, caps):
     import ipywidgets as widgets
     from IPython.display import display
 
-    options = [(_fmt_bytes(cap), i) for i, cap in enumerate(caps)]
+    options = [(format_bytes(cap), i) for i, cap in enumerate(caps)]
 
     def draw(index):
         summaries = [rank_summaries[index] for rank_summaries in per_rank_summaries]
         fig, ax = plt.subplots(figsize=(11, 0.9 + 1.2 * len(summaries)))
         n = len(summaries[0]["comms"])
         exposed = exposed_communication(summaries[0]) * 1e3
-        plot_timeline(summaries, ax=ax, title=f"bucket_cap = {_fmt_bytes(caps[index])}: {n} all-reduces; "
+        plot_timeline(summaries, ax=ax, title=f"bucket_cap = {format_bytes(caps[index])}: {n} all-reduces; "
                                               f"rank 0 waited {exposed:.2f} ms after backward")
         fig.tight_layout()
         plt.show()

@@ -18,16 +18,11 @@ exactly the same tensors from a seed.
 from collections import OrderedDict
 
 import torch
-import torch._dynamo  # noqa: F401 - see below
 import torch.distributed as dist
 from torch import nn
 
 from .checks import describe
 from .env import rank_device
-
-# Creating the first optimizer (or seeding) in a process imports torch._dynamo: about
-# a second. Importing it here, in the caller, lets every forked rank inherit it
-# instead of paying that second per rank and per launch.
 
 
 def regression_data(n, d_in=8, d_out=2, seed=0, dtype=torch.float64):

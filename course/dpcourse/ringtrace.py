@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from . import maskpics
-from .commcheck import GROUP_TIMEOUT, chunk_bounds, warm_up
+from .commcheck import GROUP_TIMEOUT, chunk_bounds
 from .env import rank_device
 from .launcher import launch
 from .recorder import CommRecorder
@@ -49,8 +49,6 @@ class ChunkRecorder(CommRecorder):
         start = (tensor.storage_offset() - base.storage_offset())
         return (start, start + tensor.numel())
 
-
-warm_up(ChunkRecorder(torch.ones(1)))  # a mode class is slow the first time: pay it here, not in ranks
 
 
 def trace_ring(fn, length, *args, **kwargs):

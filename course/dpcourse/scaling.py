@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from .costmodel import predicted_time
 from .env import rank_device
 from .launcher import launch
 
@@ -77,10 +78,7 @@ def efficiency(throughput):
 
 def ring_all_reduce_seconds(nbytes, world_size, bus_bandwidth, latency=0.0, buckets=1):
     """A ring all-reduce sends 2 (N-1)/N of the buffer per rank, in 2 (N-1) steps per bucket."""
-    if world_size == 1:
-        return 0.0
-    steps = 2 * (world_size - 1)
-    return steps / world_size * nbytes / bus_bandwidth + steps * buckets * latency
+    return buckets * predicted_time("ring", nbytes / buckets, world_size, latency, bus_bandwidth)
 
 
 def predicted_efficiency(world_sizes, compute_seconds, gradient_bytes, inter_bandwidth,
