@@ -5,7 +5,7 @@ import math
 import pytest
 import torch.distributed as dist
 
-from dpcourse import launch
+from dpcourse import LaunchError, launch
 from dpcourse.costmodel import (
     busbw,
     fit_alpha_beta,
@@ -50,3 +50,5 @@ def test_time_all_reduces_times_each_function_and_checks_its_sum(capsys):
     assert list(timings) == ["gloo"] and list(timings["gloo"]) == [4096] and timings["gloo"][4096] > 0
     print_bandwidth(timings, 2, baseline="gloo")
     assert "1.00x" in capsys.readouterr().out
+    with pytest.raises(LaunchError, match="returned a wrong sum"):
+        launch(time_all_reduces, 2, {"does nothing": lambda t: None}, [64], 1)

@@ -6,7 +6,7 @@ import torch
 matplotlib.use("Agg")
 
 from dpcourse import launch  # noqa: E402
-from dpcourse.ddp_bench import compare_step_times, print_ratios  # noqa: E402
+from dpcourse.ddp_bench import compare_step_times, paired_ratios, print_ratios  # noqa: E402
 from dpcourse.ddp_timeline import exposed_communication, plot_timeline, record_timelines, timeline_widget  # noqa: E402
 from dpcourse.ddp_toys import deep_mlp  # noqa: E402
 from dpgrader.ddp_scratch import expected_buckets  # noqa: E402
@@ -44,6 +44,11 @@ def test_step_times_are_compared_interleaved(capsys):
     assert set(medians) == {"a", "b"} and all(m > 0 for m in medians.values())
     print_ratios({2: medians}, baseline="a")
     assert "1.00x" in capsys.readouterr().out
+
+
+def test_paired_ratios_compare_each_round_with_the_baselines_same_round():
+    # rounds of 2 steps: a = [1, 1 | 2, 2], b = [2, 2 | 2, 2] -> per-round ratios 2.0 and 1.0
+    assert paired_ratios({"a": [1, 1, 2, 2], "b": [2, 2, 2, 2]}, "a", 2) == {"a": 1.0, "b": 1.5}
 
 
 def _hook_threads():
