@@ -5,15 +5,13 @@ import pytest
 
 from dpcourse.ddp_toys import deep_mlp
 from dpgrader.ddp_scratch import check_bucketed_ddp, expected_buckets, expected_fusion, explain_sampler_shards
-from dpgrader.reference_ddp import ReferenceDDP, bucket_assignment
+from dpgrader.reference_ddp import ReferenceDDP
 
 
 def test_bucket_and_fusion_rules_give_the_notebooks_examples():
     model = deep_mlp()
     assert expected_buckets(model, 600) == [2448, 2176, 2176, 1152]
     assert expected_fusion(list(model.parameters()), 2200) == [1152, 2176, 2176, 2176, 272]
-    sizes = [sum(p.numel() * p.element_size() for p in b) for b in bucket_assignment(model.parameters(), 600)]
-    assert sizes == expected_buckets(model, 600)
 
 
 def test_sampler_properties_are_explained():

@@ -3,44 +3,20 @@
 Every variant is the correct train_ddp with one realistic mistake (BASE below, edited by `_bug`).
 """
 
-BASE = '''
-def train_ddp(make_model, dataset, epochs, global_batch, lr, seed, checkpoint_dir):
-    rank, world = dist.get_rank(), dist.get_world_size()
-    device = rank_device()
-    torch.manual_seed(seed)
-    model = make_model().to(device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-    path = os.path.join(checkpoint_dir, "checkpoint.pt")
-    start = 0
-    if os.path.exists(path):
-        checkpoint = torch.load(path, map_location=device)
-        model.load_state_dict(checkpoint["model"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        start = checkpoint["epoch"] + 1
-    model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-    sampler = DistributedSampler(dataset, shuffle=True, seed=seed)
-    loader = DataLoader(dataset, batch_size=global_batch // world, sampler=sampler)
-    seen, losses = {}, {}
-    for epoch in range(start, epochs):
-        sampler.set_epoch(epoch)
-        seen[epoch] = []
-        totals = torch.zeros(2, dtype=torch.float64, device=device)
-        for images, labels, indices in loader:
-            images, labels = images.to(device), labels.to(device)
-            loss = F.cross_entropy(model(images), labels)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            seen[epoch] += indices.tolist()
-            totals[0] += loss.item() * len(labels)
-            totals[1] += len(labels)
-        dist.all_reduce(totals)
-        losses[epoch] = (totals[0] / totals[1]).item()
-        if rank == 0:
-            torch.save({"epoch": epoch, "model": model.module.state_dict(),
-                        "optimizer": optimizer.state_dict()}, path)
-    return {"model": model.module.state_dict(), "seen": seen, "losses": losses}
-'''
+import inspect
+
+from dpgrader.ddp_practice import reference_train_ddp
+
+
+def _correct_train_ddp():
+    """The grader's correct train_ddp (also run under torchrun), under the exercise's name: one copy."""
+    source = inspect.getsource(reference_train_ddp)
+    docstring = f'    """{reference_train_ddp.__doc__}"""\n'
+    assert source.count(docstring) == 1 and source.startswith("def reference_train_ddp(")
+    return "\n" + source.replace(docstring, "").replace("def reference_train_ddp(", "def train_ddp(", 1)
+
+
+BASE = _correct_train_ddp()
 
 
 def _bug(old, new):
