@@ -302,7 +302,7 @@ VARIANTS = {
                   "rank 0: shard_indices(10, rank, 4, 'drop') is tensor([2, 3]",
                   "test_dp_gradient_uneven": "arrives with stale .grad",
                   "test_simulated_step_basic": "replica 1's weight differs from replica 0's",
-                  "test_allreduce_step_uneven": "rank",
+                  "test_allreduce_step_uneven": "waiting for rank 2, which had already returned",
                   "test_sync_bn_uneven": "sync_batch_norm of shards of 5, 1 and 3 rows is"},
         "keeps": ["test_shard_indices_basic", "test_dp_gradient_basic", "test_allreduce_step_basic",
                   "test_sync_bn_basic"],
