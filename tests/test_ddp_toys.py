@@ -15,7 +15,7 @@ from dpcourse.ddp_toys import (
     gradients_of,
     loss_fn,
     my_share,
-    regression_data,
+    smooth_regression_data,
     sgd,
     single_process_gradients,
     state_of,
@@ -36,15 +36,15 @@ def test_models_are_seeded_without_touching_the_global_generator():
 
 
 def test_data_is_reproducible_and_shares_partition_each_global_batch():
-    X, Y = regression_data(24, seed=4)
-    assert torch.equal(X, regression_data(24, seed=4)[0]) and X.dtype == torch.float64
+    X, Y = smooth_regression_data(24, seed=4)
+    assert torch.equal(X, smooth_regression_data(24, seed=4)[0]) and X.dtype == torch.float64
     shares = [my_share(X, Y, 1, 3, rank, 4, "cpu")[0] for rank in range(4)]
     assert torch.equal(torch.cat(shares), X[12:24])
 
 
 def test_gradient_messages_say_what_the_gradient_looks_like():
     model = deep_mlp(seed=0)
-    X, Y = regression_data(8, seed=1)
+    X, Y = smooth_regression_data(8, seed=1)
     average = single_process_gradients(model, X, Y)
     local = single_process_gradients(model, X[:4], Y[:4])
     expect_averaged_gradients(average, average, local, 2, "ok")
@@ -83,7 +83,7 @@ def _train(X, Y, steps, per_rank, divide):
 
 
 def test_averaged_gradients_on_ranks_equal_one_process_and_summed_ones_do_not():
-    X, Y = regression_data(18, seed=2)
+    X, Y = smooth_regression_data(18, seed=2)
     good = launch(_train, 3, X, Y, 2, 3, True)
     expect_single_process_equivalence(good, lambda: deep_mlp(seed=0), X, Y, 2, 3, "averaged")
     bad = launch(_train, 3, X, Y, 2, 3, False)

@@ -23,7 +23,7 @@ from dpcourse.ddp_toys import (
     gradients_of,
     loss_fn,
     my_share,
-    regression_data,
+    smooth_regression_data,
     sgd,
     single_process_gradients,
     state_of,
@@ -191,7 +191,7 @@ def _failure(exc, what):
 def _naive_cases(average_gradients, cases, steps, per_rank):
     out = []
     for name, seed in cases:
-        X, Y = regression_data(steps * per_rank * dist.get_world_size(), seed=seed)
+        X, Y = smooth_regression_data(steps * per_rank * dist.get_world_size(), seed=seed)
         model = MODELS[name](seed=seed, device=rank_device())
         opt = sgd(model)
 
@@ -215,7 +215,7 @@ def _expect_cases(per_rank_results, cases, steps, per_rank, what):
         if result[0] == "error":
             raise AssertionError(f"rank {rank}: {what} raised on {result[1]}: {result[2]}")
     for i, (name, seed) in enumerate(cases):
-        X, Y = regression_data(steps * per_rank * len(per_rank_results), seed=seed)
+        X, Y = smooth_regression_data(steps * per_rank * len(per_rank_results), seed=seed)
         expect_single_process_equivalence([r[1][i] for r in per_rank_results], _make(name, seed), X, Y,
                                           steps, per_rank, f"{what} on {name}, {len(per_rank_results)} ranks")
 
@@ -239,7 +239,7 @@ def expected_buckets(model, bucket_cap):
 def _bucketed_cases(BucketedDDP, cases, steps, per_rank):
     out = []
     for name, seed, cap in cases:
-        X, Y = regression_data(steps * per_rank * dist.get_world_size(), seed=seed)
+        X, Y = smooth_regression_data(steps * per_rank * dist.get_world_size(), seed=seed)
         module = MODELS[name](seed=seed, device=rank_device())
         try:
             ddp = BucketedDDP(module, bucket_cap=cap)
@@ -292,7 +292,7 @@ def _expect_all_reduces(ops, sizes, total, what, rank, step, rule):
 
 def _overlap_probe(BucketedDDP, cap, depth=12):
     """One step of a deep MLP; returns (issue times of the all-reduces, time backward returned)."""
-    X, Y = regression_data(32 * dist.get_world_size(), seed=8)
+    X, Y = smooth_regression_data(32 * dist.get_world_size(), seed=8)
     ddp = BucketedDDP(MODELS["deep_mlp"](depth=depth, width=64, seed=8, device=rank_device()), bucket_cap=cap)
     xb, yb = my_share(X, Y, 0, 32)
     with CommRecorder() as rec:
@@ -314,7 +314,7 @@ def expect_overlap(starts, backward_end, what, rank=0):
 
 def _slow_peer(BucketedDDP, delay):
     """Rank 1 starts backward `delay` s late. Returns rank's (gradients, backward s, sync s)."""
-    X, Y = regression_data(4 * dist.get_world_size(), seed=9)
+    X, Y = smooth_regression_data(4 * dist.get_world_size(), seed=9)
     module = MODELS["deep_mlp"](seed=9, device=rank_device())
     ddp = BucketedDDP(module, bucket_cap=200)
     xb, yb = my_share(X, Y, 0, 4)
@@ -331,7 +331,7 @@ def _slow_peer(BucketedDDP, delay):
 
 
 def _unused_probe(BucketedDDP):
-    X, Y = regression_data(4 * dist.get_world_size(), seed=10)
+    X, Y = smooth_regression_data(4 * dist.get_world_size(), seed=10)
     ddp = BucketedDDP(MODELS["unused_head"](seed=10, device=rank_device()), bucket_cap=10 ** 9)
     xb, yb = my_share(X, Y, 0, 4)
     try:
@@ -348,7 +348,7 @@ def check_bucketed_ddp(BucketedDDP):
     """Deterministic checks first (a late peer, unused parameters), then equality, traffic, overlap."""
     delay = 0.5
     grads, backward_s = _launch(_slow_peer, 2, BucketedDDP, delay)[0]
-    X, Y = regression_data(8, seed=9)
+    X, Y = smooth_regression_data(8, seed=9)
     model = MODELS["deep_mlp"](seed=9)
     average = single_process_gradients(model, X, Y)
     local = single_process_gradients(model, *my_share(X, Y, 0, 4, 0, 2, "cpu"))
@@ -381,7 +381,7 @@ def check_bucketed_ddp(BucketedDDP):
                 raise AssertionError(f"rank {rank}: {result[1]} raised {result[2]}")
         for i, (name, seed, cap) in enumerate(cases):
             what = f"BucketedDDP({name}, bucket_cap={cap}) on {world_size} ranks"
-            X, Y = regression_data(3 * 2 * world_size, seed=seed)
+            X, Y = smooth_regression_data(3 * 2 * world_size, seed=seed)
             expect_single_process_equivalence([r[1][i][:2] for r in results], _make(name, seed), X, Y, 3, 2,
                                               what)
             for rank, result in enumerate(results):
@@ -406,7 +406,7 @@ class _Probe(Exception):
 def _accumulation_cases(AccumulatingDDP, cases, steps, micro, K):
     out = []
     for name, seed in cases:
-        X, Y = regression_data(steps * K * micro * dist.get_world_size(), seed=seed)
+        X, Y = smooth_regression_data(steps * K * micro * dist.get_world_size(), seed=seed)
         module = MODELS[name](seed=seed, device=rank_device())
         ddp = AccumulatingDDP(module)
         opt = sgd(module)
@@ -486,7 +486,7 @@ def check_no_sync(AccumulatingDDP):
                     raise AssertionError(
                         f"rank {rank}: after a nested no_sync() ended, a backward still inside the outer "
                         f"no_sync() issued {nested} all-reduces: restore the previous value, not True")
-            X, Y = regression_data(steps * K * micro * world_size, seed=seed)
+            X, Y = smooth_regression_data(steps * K * micro * world_size, seed=seed)
             expect_single_process_equivalence([r[1][i][0] for r in results], _make(name, seed), X, Y, steps,
                                               K * micro, what)
 
@@ -518,7 +518,7 @@ def expected_fusion(optimizer_params, threshold):
 def _optimizer_cases(DistributedOptimizer, cases, steps, per_rank):
     out = []
     for name, seed, threshold in cases:
-        X, Y = regression_data(steps * per_rank * dist.get_world_size(), seed=seed)
+        X, Y = smooth_regression_data(steps * per_rank * dist.get_world_size(), seed=seed)
         module = MODELS[name](seed=seed, device=rank_device())
         try:
             opt = DistributedOptimizer(two_groups()(module), fusion_threshold=threshold)
@@ -563,7 +563,7 @@ def check_distributed_optimizer(DistributedOptimizer):
                 raise AssertionError(f"rank {rank}: DistributedOptimizer on {result[1]} raised {result[2]}")
         for i, (name, seed, threshold) in enumerate(cases):
             what = f"DistributedOptimizer(fusion_threshold={threshold}) on {name}, {world_size} ranks"
-            X, Y = regression_data(3 * 2 * world_size, seed=seed)
+            X, Y = smooth_regression_data(3 * 2 * world_size, seed=seed)
             expect_single_process_equivalence([r[1][i][0] for r in results], _make(name, seed), X, Y, 3, 2,
                                               what, make_optimizer=two_groups())
             params = [p for g in two_groups()(MODELS[name](seed=seed)).param_groups for p in g["params"]]

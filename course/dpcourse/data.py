@@ -28,13 +28,25 @@ def line_data(n=32, seed=0, slope=2.0, intercept=-1.0, noise=0.3):
     return x, y
 
 
-def regression_data(n=64, features=4, outputs=1, seed=0, noise=0.1):
-    """A noisy linear regression problem: x (n, features), y (n, outputs)."""
+def regression_data(n=64, features=4, outputs=1, seed=0, noise=0.1, dtype=torch.float32, squash=False):
+    """A noisy regression problem: x (n, features), y (n, outputs), the same for every caller.
+
+    y = x @ w + noise, or with squash=True y = tanh(2 x @ w / sqrt(features)) + noise: a smooth
+    non-linear target that a deep MLP has something to learn from (the DDP chapters use it).
+    """
     g = _generator(seed)
-    x = torch.randn(n, features, generator=g)
-    true_w = torch.randn(features, outputs, generator=g)
-    y = x @ true_w + noise * torch.randn(n, outputs, generator=g)
-    return x, y
+    x = torch.randn(n, features, generator=g, dtype=dtype)
+    w = torch.randn(features, outputs, generator=g, dtype=dtype)
+    if squash:
+        y = torch.tanh(x @ (w / features ** 0.5) * 2)
+    else:
+        y = x @ w
+    return x, y + noise * torch.randn(n, outputs, generator=g, dtype=dtype)
+
+
+def smooth_regression_data(n, features=8, outputs=2, seed=0, dtype=torch.float64):
+    """The DDP chapters' data: `regression_data` with a squashed target, in float64 by default."""
+    return regression_data(n, features, outputs, seed, noise=0.1, dtype=dtype, squash=True)
 
 
 def spiral_data(n=512, classes=3, seed=0, noise=0.15):

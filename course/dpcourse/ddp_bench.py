@@ -20,7 +20,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from .ddp_toys import deep_mlp, loss_fn, my_share, regression_data
+from .ddp_toys import deep_mlp, loss_fn, my_share, smooth_regression_data
 from .env import rank_device
 from .launcher import launch
 
@@ -32,7 +32,7 @@ def step_times(variants, depth=6, width=256, per_rank=32, steps=3, rounds=4, dty
     Every step starts after a barrier, so each rank times the same step.
     """
     device = rank_device()
-    X, Y = regression_data(per_rank * dist.get_world_size(), d_in=width, d_out=width, seed=1, dtype=dtype)
+    X, Y = smooth_regression_data(per_rank * dist.get_world_size(), features=width, outputs=width, seed=1, dtype=dtype)
     x, y = my_share(X, Y, 0, per_rank, device=device)
     built = {}
     for name, make in variants.items():

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from .costmodel import format_bytes
-from .ddp_toys import deep_mlp, loss_fn, my_share, regression_data
+from .ddp_toys import deep_mlp, loss_fn, my_share, smooth_regression_data
 from .env import rank_device
 from .recorder import CommRecorder
 
@@ -133,7 +133,7 @@ def record_timelines(wrapper, caps, depth=12, width=128, per_rank=64, warmup=1, 
 
         per_rank = launch(record_timelines, 2, BucketedDDP, [4096, 65536])
     """
-    X, Y = regression_data(per_rank * dist.get_world_size(), d_in=width, d_out=width, seed=1, dtype=dtype)
+    X, Y = smooth_regression_data(per_rank * dist.get_world_size(), features=width, outputs=width, seed=1, dtype=dtype)
     x, y = my_share(X, Y, 0, per_rank)
     summaries = []
     for cap in caps:

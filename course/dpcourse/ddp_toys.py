@@ -25,15 +25,6 @@ from .checks import describe
 from .env import rank_device
 
 
-def regression_data(n, d_in=8, d_out=2, seed=0, dtype=torch.float64):
-    """n samples (X, Y) of a smooth regression task, the same for every caller with the same seed."""
-    g = torch.Generator().manual_seed(seed)
-    X = torch.randn(n, d_in, generator=g, dtype=dtype)
-    W = torch.randn(d_in, d_out, generator=g, dtype=dtype) / d_in ** 0.5
-    Y = torch.tanh(X @ W * 2) + 0.1 * torch.randn(n, d_out, generator=g, dtype=dtype)
-    return X, Y
-
-
 def _seeded(build, seed, dtype, device):
     """Build a module with torch's default init drawn from `seed`, without touching the global RNG."""
     with torch.random.fork_rng(devices=[]):
