@@ -3,8 +3,8 @@
 import matplotlib
 import torch
 
-from dpcourse.collective_pictures import COLLECTIVES, collect, draw
-from dpcourse.maskpics import ranks_in
+from dpcourse.topics.collectives.pictures import COLLECTIVES, collect, draw
+from dpcourse.viz.colours import ranks_in
 
 matplotlib.use("Agg")
 

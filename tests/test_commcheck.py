@@ -8,17 +8,11 @@ import torch
 import torch.distributed as dist
 
 from dpcourse import LaunchError
-from dpcourse.commcheck import (
-    Call,
-    chunk_bounds,
-    expect_all_reduced,
-    expect_reduce_scattered,
-    expect_ring_traffic,
-    run_cases,
-    run_p2p,
-    world_peer,
-)
-from dpcourse.recorder import CommOp
+from dpcourse.checks.collectives import expect_all_reduced, expect_reduce_scattered
+from dpcourse.comm.calls import Call, run_cases, run_p2p, world_peer
+from dpcourse.comm.recorder import CommOp
+from dpcourse.comm.traffic import expect_ring_traffic
+from dpcourse.reference.splits import chunk_bounds
 
 
 def shift(x, group=None):

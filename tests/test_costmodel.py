@@ -6,7 +6,7 @@ import pytest
 import torch.distributed as dist
 
 from dpcourse import LaunchError, launch
-from dpcourse.costmodel import (
+from dpcourse.topics.collectives.costmodel import (
     busbw,
     fit_alpha_beta,
     messages_and_bytes,

@@ -1,17 +1,10 @@
-"""dpcourse.data: generated data sets and small models are reproducible and leave global RNG alone."""
+"""dpcourse.toys.data: generated data sets and small models are reproducible and leave global RNG alone."""
 
 import torch
 from torch import nn
 
-from dpcourse.data import (
-    RecordingLoss,
-    gradient_problems,
-    line_data,
-    linear,
-    mlp,
-    regression_data,
-    spiral_data,
-)
+from dpcourse.toys.data import gradient_problems, line_data, regression_data, spiral_data
+from dpcourse.toys.models import RecordingLoss, linear, mlp
 
 
 def test_generators_are_deterministic_and_shaped():

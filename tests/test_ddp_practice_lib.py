@@ -13,7 +13,21 @@ import torch.nn.functional as F
 from torch.utils.data import DistributedSampler
 
 from dpcourse import launch
-from dpcourse.cluster import (
+from dpcourse.checks.training import (
+    expect_losses,
+    expect_rank_zero_writes,
+    expect_run_results,
+    expect_same_state,
+    expect_sampler_behaviour,
+    with_save_log,
+)
+from dpcourse.reference.training import (
+    global_order,
+    sampler_orders,
+    single_process_training,
+    strip_module_prefix,
+)
+from dpcourse.runtime.cluster import (
     cluster_command_lines,
     export_function,
     free_port,
@@ -22,21 +36,9 @@ from dpcourse.cluster import (
     slurm_script,
     torchrun_command,
 )
-from dpcourse.ddp_reference import (
-    expect_losses,
-    expect_rank_zero_writes,
-    expect_run_results,
-    expect_same_state,
-    expect_sampler_behaviour,
-    global_order,
-    sampler_orders,
-    single_process_training,
-    strip_module_prefix,
-    with_save_log,
-)
-from dpcourse.images import GeneratedImages
-from dpcourse.scaling import efficiency, predicted_efficiency, ring_all_reduce_seconds
-from dpcourse.smallcnn import SmallCNN, parameter_count
+from dpcourse.topics.ddp.scaling import efficiency, predicted_efficiency, ring_all_reduce_seconds
+from dpcourse.toys.images import GeneratedImages
+from dpcourse.toys.smallcnn import SmallCNN, parameter_count
 
 # ------------------------------------------------------------------ images and model
 
@@ -202,7 +204,7 @@ def test_efficiency_and_the_ring_model():
 
 
 def test_scaling_step_timer_runs_on_two_ranks():
-    from dpcourse.scaling import ddp_steps_per_second
+    from dpcourse.topics.ddp.scaling import ddp_steps_per_second
 
     seconds = launch(ddp_steps_per_second, 2, 4, 2, 1, 4)
     assert len(seconds) == 2 and all(s > 0 for s in seconds)
@@ -214,13 +216,14 @@ def test_torchrun_commands():
     one = torchrun_command("m:f", ["--epochs", 2], nproc_per_node=4)
     assert one[:3] == [sys.executable, "-m", "torch.distributed.run"]
     assert "--standalone" in one and "--nproc-per-node=4" in one
-    assert one[-4:] == ["dpcourse.cluster", "m:f", "--epochs", "2"]
+    assert one[-4:] == ["dpcourse.runtime.cluster", "m:f", "--epochs", "2"]
     two = torchrun_command("m:f", [], nproc_per_node=1, nnodes=2, endpoint="127.0.0.1:1234",
                            run_id="job", local_addr="127.0.0.1")
     assert "--standalone" not in two
     assert {"--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:1234", "--rdzv-id=job",
             "--local-addr=127.0.0.1"} <= set(two)
-    assert shell_line(one).startswith("torchrun --standalone --nproc-per-node=4 -m dpcourse.cluster m:f")
+    assert shell_line(one).startswith(
+        "torchrun --standalone --nproc-per-node=4 -m dpcourse.runtime.cluster m:f")
     assert 0 < free_port() < 65536
     lines = cluster_command_lines()
     assert all(line.startswith("torchrun ") for line in lines.values())

@@ -3,7 +3,7 @@ reference bucketed DDP (used by the benchmark) passes them."""
 
 import pytest
 
-from dpcourse.ddp_toys import deep_mlp
+from dpcourse.toys.models import deep_mlp
 from dpgrader.ddp_scratch import check_bucketed_ddp, expected_buckets, expected_fusion, explain_sampler_shards
 from dpgrader.reference_ddp import ReferenceDDP
 

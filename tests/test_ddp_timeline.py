@@ -1,4 +1,4 @@
-"""dpcourse.ddp_timeline and dpcourse.ddp_bench, on the reference bucketed DDP (grader side)."""
+"""dpcourse.topics.ddp.timeline and dpcourse.topics.ddp.bench, on the reference bucketed DDP (grader side)."""
 
 import matplotlib
 import torch
@@ -6,9 +6,14 @@ import torch
 matplotlib.use("Agg")
 
 from dpcourse import launch  # noqa: E402
-from dpcourse.ddp_bench import compare_step_times, paired_ratios, print_ratios  # noqa: E402
-from dpcourse.ddp_timeline import exposed_communication, plot_timeline, record_timelines, timeline_widget  # noqa: E402
-from dpcourse.ddp_toys import deep_mlp  # noqa: E402
+from dpcourse.topics.ddp.bench import compare_step_times, paired_ratios, print_ratios  # noqa: E402
+from dpcourse.topics.ddp.timeline import (  # noqa: E402
+    exposed_communication,
+    plot_timeline,
+    record_timelines,
+    timeline_widget,
+)
+from dpcourse.toys.models import deep_mlp  # noqa: E402
 from dpgrader.ddp_scratch import expected_buckets  # noqa: E402
 from dpgrader.reference_ddp import ReferenceDDP  # noqa: E402
 
@@ -56,7 +61,7 @@ def _hook_threads():
 
     import torch.distributed as dist
 
-    from dpcourse.recorder import CommRecorder
+    from dpcourse.comm.recorder import CommRecorder
 
     model = deep_mlp(depth=3)
     threads, works = set(), []

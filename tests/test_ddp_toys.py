@@ -1,25 +1,22 @@
-"""dpcourse.ddp_toys: seeded models and data, shares of a global batch, and the single-process yardstick."""
+"""dpcourse.toys.models:
+seeded models and data, shares of a global batch, and the single-process yardstick.
+"""
 
 import pytest
 import torch
 import torch.distributed as dist
 
 from dpcourse import launch
-from dpcourse.ddp_toys import (
-    MODELS,
-    deep_mlp,
+from dpcourse.checks.params import (
     expect_averaged_gradients,
     expect_identical_across_ranks,
     expect_same_state,
-    expect_single_process_equivalence,
-    gradients_of,
-    loss_fn,
-    my_share,
-    smooth_regression_data,
-    sgd,
-    single_process_gradients,
-    state_of,
 )
+from dpcourse.checks.training import expect_single_process_equivalence
+from dpcourse.reference.gradients import gradients_of, single_process_gradients, state_of
+from dpcourse.reference.training import sgd
+from dpcourse.toys.data import my_share, smooth_regression_data
+from dpcourse.toys.models import MODELS, deep_mlp, loss_fn
 
 
 def test_models_are_seeded_without_touching_the_global_generator():

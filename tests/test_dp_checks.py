@@ -1,12 +1,12 @@
-"""dpcourse.dp_checks: a wrapper is compared with its module, and each kind of mismatch is named."""
+"""dpcourse.checks.modules: a wrapper is compared with its module, and each kind of mismatch is named."""
 
 import pytest
 import torch
 from torch import nn
 
-from dpcourse.data import mlp
-from dpcourse.dp_checks import expect_like_module, expect_same_structure, row_order_hint
-from dpcourse.dp_probes import TwoHeads, indexed_batch
+from dpcourse.checks.modules import expect_like_module, expect_same_structure, row_order_hint
+from dpcourse.topics.data_parallel.probes import TwoHeads, indexed_batch
+from dpcourse.toys.models import mlp
 
 
 class Halves(nn.Module):

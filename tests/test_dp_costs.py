@@ -1,10 +1,11 @@
-"""dpcourse.dp_costs: byte counts of nn.DataParallel vs DDP, and the timers the notebook uses."""
+"""dpcourse.topics.data_parallel.costs:
+byte counts of nn.DataParallel vs DDP, and the timers the notebook uses.
+"""
 
 import pytest
 import torch
 
-from dpcourse.data import mlp
-from dpcourse.dp_costs import (
+from dpcourse.topics.data_parallel.costs import (
     big_matmul_model,
     copy_cost,
     dataparallel_traffic,
@@ -14,6 +15,7 @@ from dpcourse.dp_costs import (
     speedup_with_threads,
     time_call,
 )
+from dpcourse.toys.models import mlp
 
 
 def test_traffic_of_resnet50_on_8_gpus():

@@ -1,12 +1,14 @@
-"""dpcourse.dp_probes: probes catch replicas run in sequence, record threads, and misbehave on purpose."""
+"""dpcourse.topics.data_parallel.probes:
+probes catch replicas run in sequence, record threads, and misbehave on purpose.
+"""
 
 import threading
 
 import pytest
 import torch
 
-from dpcourse.data import mlp
-from dpcourse.dp_probes import Fails, Keywords, ParallelProbe, TwoHeads, indexed_batch
+from dpcourse.topics.data_parallel.probes import Fails, Keywords, ParallelProbe, TwoHeads, indexed_batch
+from dpcourse.toys.models import mlp
 
 
 def test_indexed_batch_holds_row_indices_in_column_zero():

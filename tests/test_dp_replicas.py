@@ -1,12 +1,14 @@
-"""dpcourse.dp_replicas: CPU devices share the module; real GPUs use torch.nn.parallel.replicate."""
+"""dpcourse.topics.data_parallel.replicas:
+CPU devices share the module; real GPUs use torch.nn.parallel.replicate.
+"""
 
 import pytest
 import torch
 from torch import nn
 
-from dpcourse import dp_replicas
-from dpcourse.data import mlp
-from dpcourse.dp_replicas import cpu_devices, demo_devices, gpu_devices, replicate
+from dpcourse.topics.data_parallel import replicas as dp_replicas
+from dpcourse.topics.data_parallel.replicas import cpu_devices, demo_devices, gpu_devices, replicate
+from dpcourse.toys.models import mlp
 
 TWO_GPUS = torch.cuda.is_available() and torch.cuda.device_count() >= 2
 

@@ -1,4 +1,6 @@
-"""dpcourse.dp_timeline: one iteration through a threaded wrapper is split into phases and lanes."""
+"""dpcourse.topics.data_parallel.timeline:
+one iteration through a threaded wrapper is split into phases and lanes.
+"""
 
 import threading
 
@@ -11,16 +13,16 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from dpcourse.data import mlp  # noqa: E402
-from dpcourse.dp_probes import indexed_batch  # noqa: E402
-from dpcourse.dp_replicas import cpu_devices, replicate  # noqa: E402
-from dpcourse.dp_timeline import (  # noqa: E402
+from dpcourse.topics.data_parallel.probes import indexed_batch  # noqa: E402
+from dpcourse.topics.data_parallel.replicas import cpu_devices, replicate  # noqa: E402
+from dpcourse.topics.data_parallel.timeline import (  # noqa: E402
     PHASES,
     describe_phase,
     plot_timeline,
     record_iteration,
     step_through,
 )
+from dpcourse.toys.models import mlp  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:FigureCanvasAgg is non-interactive")
 

@@ -1,19 +1,18 @@
-"""dpcourse.paramchecks: mismatches are explained (multiples, unmoved parameters, diverged replicas)."""
+"""dpcourse.checks.params: mismatches are explained (multiples, unmoved parameters, diverged replicas)."""
 
 import copy
 
 import pytest
 import torch
 
-from dpcourse.data import linear
-from dpcourse.paramchecks import (
-    expect_close,
+from dpcourse.checks.core import expect_close, ratio_hint
+from dpcourse.checks.params import (
     expect_gradients,
     expect_parameters,
     expect_replicas_equal,
     expect_shard_calls,
-    ratio_hint,
 )
+from dpcourse.toys.models import linear
 
 
 def test_ratio_hint_names_multiples_only():

@@ -5,7 +5,7 @@ import torch
 import torch.distributed as dist
 
 from dpcourse import LaunchError, launch
-from dpcourse.recorder import CommRecorder, recorded
+from dpcourse.comm.recorder import CommRecorder, recorded
 
 
 def exchange():

@@ -1,10 +1,11 @@
-"""dpcourse.reference: float64 single-process references agree with PyTorch's own computations."""
+"""dpcourse.reference.gradients: float64 single-process references agree with PyTorch's own computations."""
 
 import torch
 from torch import nn
 
-from dpcourse.data import mlp, spiral_data
-from dpcourse.reference import batch_norm, full_batch_gradient, parameter_names, sgd_steps
+from dpcourse.reference.gradients import batch_norm, full_batch_gradient, parameter_names, sgd_steps
+from dpcourse.toys.data import spiral_data
+from dpcourse.toys.models import mlp
 
 
 def test_full_batch_gradient_is_float64_and_leaves_the_model_alone():

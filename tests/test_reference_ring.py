@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from dpcourse import launch
-from dpcourse.recorder import CommRecorder
+from dpcourse.comm.recorder import CommRecorder
 from dpgrader.reference_ring import naive_all_reduce, ring_all_reduce, textbook_ring_all_reduce
 
 pytestmark = pytest.mark.usefixtures("no_orphans")

@@ -4,7 +4,7 @@ import matplotlib
 import torch
 import torch.distributed as dist
 
-from dpcourse.ringtrace import RingReplay, record_ring
+from dpcourse.topics.collectives.ringtrace import RingReplay, record_ring
 
 matplotlib.use("Agg")
 

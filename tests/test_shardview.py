@@ -1,4 +1,6 @@
-"""dpcourse.shardview: per-worker gradients of the line model, and the widget survives a broken function."""
+"""dpcourse.topics.data_parallel.shardview:
+per-worker gradients of the line model, and the widget survives a broken function.
+"""
 
 import matplotlib
 
@@ -9,9 +11,10 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from dpcourse.data import line_data, linear  # noqa: E402
-from dpcourse.reference import full_batch_gradient  # noqa: E402
-from dpcourse.shardview import plot_shard_gradients, shard_explorer, shard_gradients  # noqa: E402
+from dpcourse.reference.gradients import full_batch_gradient  # noqa: E402
+from dpcourse.topics.data_parallel.shardview import plot_shard_gradients, shard_explorer, shard_gradients  # noqa: E402
+from dpcourse.toys.data import line_data
+from dpcourse.toys.models import linear  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:FigureCanvasAgg is non-interactive")
 

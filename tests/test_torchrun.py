@@ -12,10 +12,11 @@ from functools import partial
 import pytest
 import torch
 
-from dpcourse.cluster import AgentsFailed, free_port, run_agents, torchrun_command
-from dpcourse.ddp_reference import expect_same_state, read_checkpoint, single_process_training
-from dpcourse.images import GeneratedImages
-from dpcourse.smallcnn import SmallCNN
+from dpcourse.checks.training import expect_same_state, read_checkpoint
+from dpcourse.reference.training import single_process_training
+from dpcourse.runtime.cluster import AgentsFailed, free_port, run_agents, torchrun_command
+from dpcourse.toys.images import GeneratedImages
+from dpcourse.toys.smallcnn import SmallCNN
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("no_orphans")]
 

@@ -1,4 +1,4 @@
-"""dpcourse.training: the shared minibatch loop calls the step with the right indices."""
+"""dpcourse.viz.curves: the shared minibatch loop calls the step with the right indices."""
 
 import matplotlib
 
@@ -6,7 +6,7 @@ matplotlib.use("Agg")
 
 import torch  # noqa: E402
 
-from dpcourse.training import plot_curves, train_curve, warmup_factor  # noqa: E402
+from dpcourse.viz.curves import plot_curves, train_curve, warmup_factor  # noqa: E402
 
 
 def test_train_curve_covers_each_epoch_once_in_full_batches():

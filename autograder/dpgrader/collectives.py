@@ -8,15 +8,10 @@ from float64 sums on this side, never from a solution.
 
 import torch
 
-from dpcourse.checks import expect_equal
-from dpcourse.commcheck import (
-    expect_from,
-    expect_gathered,
-    expect_same_bits,
-    expect_tree_messages,
-    expect_unchanged,
-    run_cases,
-)
+from dpcourse.checks.collectives import expect_from, expect_gathered, expect_same_bits, expect_unchanged
+from dpcourse.checks.core import expect_equal
+from dpcourse.comm.calls import run_cases
+from dpcourse.comm.traffic import expect_tree_messages
 
 
 def _inputs(world, kind, seed):

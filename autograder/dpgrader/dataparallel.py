@@ -7,11 +7,11 @@ the machine has at least two (the check says when it skipped them).
 
 import torch
 
-from dpcourse.checks import describe
-from dpcourse.data import mlp
-from dpcourse.dp_checks import expect_like_module, expect_same_structure
-from dpcourse.dp_probes import Fails, Keywords, ParallelProbe, TwoHeads, indexed_batch
-from dpcourse.dp_replicas import cpu_devices, gpu_devices
+from dpcourse.checks.core import describe
+from dpcourse.checks.modules import expect_like_module, expect_same_structure
+from dpcourse.topics.data_parallel.probes import Fails, Keywords, ParallelProbe, TwoHeads, indexed_batch
+from dpcourse.topics.data_parallel.replicas import cpu_devices, gpu_devices
+from dpcourse.toys.models import mlp
 
 
 def piece_sizes(n, k):

@@ -1,13 +1,13 @@
 """Hidden checks of 06_ddp_in_practice, and the grader's own DDP training function.
 
 Every check compares the learner's `train_ddp` with single-process training on
-the same global batches (dpcourse.ddp_reference) on cases the visible tests do
+the same global batches (dpcourse.reference.training) on cases the visible tests do
 not show: one rank, three ranks with uneven shards (padding), four ranks with a
 per-rank batch of 1, another model, resuming with nothing left to train.
 Each raises a short AssertionError saying what is wrong.
 
 `reference_train_ddp` is a correct solution of the exercise, kept grader-side:
-tests/test_torchrun.py runs it under torchrun (`-m dpcourse.cluster
+tests/test_torchrun.py runs it under torchrun (`-m dpcourse.runtime.cluster
 dpgrader.ddp_practice:reference_train_ddp`).
 """
 
@@ -22,18 +22,18 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
 from dpcourse import LaunchError, launch, rank_device
-from dpcourse.ddp_reference import (
+from dpcourse.checks.training import (
     expect_losses,
     expect_rank_zero_writes,
     expect_run_results,
     expect_same_state,
     expect_sampler_behaviour,
     read_checkpoint,
-    single_process_training,
     with_save_log,
 )
-from dpcourse.images import GeneratedImages
-from dpcourse.smallcnn import SmallCNN
+from dpcourse.reference.training import single_process_training
+from dpcourse.toys.images import GeneratedImages
+from dpcourse.toys.smallcnn import SmallCNN
 
 CNN = partial(SmallCNN, width=4, dtype=torch.float64)
 PLAIN_CNN = partial(SmallCNN, width=3, norm=None, dtype=torch.float64)

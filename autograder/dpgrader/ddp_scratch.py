@@ -1,9 +1,9 @@
 """Hidden checks of 05_ddp_from_scratch. Each raises a short AssertionError saying what is wrong.
 
 The yardstick of every DDP check is independent of the learner's code: one process
-training on the same global batches (dpcourse.ddp_toys), torch's own
+training on the same global batches (dpcourse.toys.models), torch's own
 DistributedSampler, and bucket counts computed from the rule the notebook states.
-Communication is observed with dpcourse.recorder.CommRecorder, inside the ranks.
+Communication is observed with dpcourse.comm.recorder.CommRecorder, inside the ranks.
 """
 
 import math
@@ -15,21 +15,14 @@ import torch.distributed as dist
 from torch.utils.data import DistributedSampler
 
 from dpcourse import launch
-from dpcourse.ddp_toys import (
-    MODELS,
-    expect_averaged_gradients,
-    expect_same_state,
-    expect_single_process_equivalence,
-    gradients_of,
-    loss_fn,
-    my_share,
-    smooth_regression_data,
-    sgd,
-    single_process_gradients,
-    state_of,
-)
-from dpcourse.env import rank_device
-from dpcourse.recorder import CommRecorder
+from dpcourse.checks.params import expect_averaged_gradients, expect_same_state
+from dpcourse.checks.training import expect_single_process_equivalence
+from dpcourse.comm.recorder import CommRecorder
+from dpcourse.reference.gradients import gradients_of, single_process_gradients, state_of
+from dpcourse.reference.training import sgd
+from dpcourse.runtime.backend import rank_device
+from dpcourse.toys.data import my_share, smooth_regression_data
+from dpcourse.toys.models import MODELS, loss_fn
 
 from .reference_ddp import bucket_assignment
 

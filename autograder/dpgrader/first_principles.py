@@ -2,7 +2,7 @@
 
 Expected values never come from the learner's functions: index arithmetic done
 another way (tensor_split, reshape), and single-process float64 training on the
-whole batch (dpcourse.reference).
+whole batch (dpcourse.reference.gradients).
 """
 
 import copy
@@ -12,16 +12,16 @@ import torch.distributed as dist
 from torch import nn
 
 from dpcourse import launch, rank_device
-from dpcourse.checks import describe
-from dpcourse.data import RecordingLoss, gradient_problems, line_data, linear
-from dpcourse.paramchecks import (
-    expect_close,
+from dpcourse.checks.core import describe, expect_close
+from dpcourse.checks.params import (
     expect_gradients,
     expect_parameters,
     expect_replicas_equal,
     expect_shard_calls,
 )
-from dpcourse.reference import batch_norm, full_batch_gradient, parameter_names, sgd_steps
+from dpcourse.reference.gradients import batch_norm, full_batch_gradient, parameter_names, sgd_steps
+from dpcourse.toys.data import gradient_problems, line_data
+from dpcourse.toys.models import RecordingLoss, linear
 
 
 def expected_shards(n, world, remainder):

@@ -4,7 +4,8 @@ import torch
 import torch.distributed as dist
 
 from dpcourse import launch
-from dpcourse.checks import expect_equal, expect_per_rank
+from dpcourse.checks.core import expect_equal
+from dpcourse.checks.ranks import expect_per_rank
 
 
 def check_my_slice(my_slice):

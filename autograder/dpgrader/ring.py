@@ -9,14 +9,10 @@ adds in a different order than gloo).
 
 import torch
 
-from dpcourse.commcheck import (
-    chunk_bounds,
-    expect_all_gathered,
-    expect_all_reduced,
-    expect_reduce_scattered,
-    expect_ring_traffic,
-    run_cases,
-)
+from dpcourse.checks.collectives import expect_all_gathered, expect_all_reduced, expect_reduce_scattered
+from dpcourse.comm.calls import run_cases
+from dpcourse.comm.traffic import expect_ring_traffic
+from dpcourse.reference.splits import chunk_bounds
 
 GROUPS = ([[0, 2], [1, 3]], [[1, 2, 3]])  # sub-groups tried on 4 ranks
 

@@ -10,7 +10,7 @@ import os
 import statistics
 
 from dpcourse import launch
-from dpcourse.scaling import ddp_steps_per_second
+from dpcourse.topics.ddp.scaling import ddp_steps_per_second
 
 ROUNDS, WORLD_SIZES, BATCH, STEPS = 5, (1, 2, 4), 64, 10
 

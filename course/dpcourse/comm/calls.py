@@ -1,0 +1,226 @@
+"""Run a communication exercise on ranks under the recorder, and judge values, messages and bytes.
+
+    calls = run_p2p(ring_shift, [torch.full((3,), float(r)) for r in range(4)], exercise="ring_shift")
+    calls[2].result, calls[2].after, calls[2].ops      # what rank 2 returned, its input after, its calls
+    expect_ring_traffic(calls, numel=3, element_size=4, phases=2, what="ring_all_reduce")
+
+Why a module: the exercises of notebooks 03-04 are graded on three things -- the values
+each rank ends with, that only point-to-point calls were used (a collective would do the
+work for you), and how many messages and bytes each rank sent (a ring is *defined* by
+them). Each rank runs the learner's function inside `CommRecorder(p2p_only=True)`, so the
+same recorder that forbids `dist.all_reduce` and the process-group bypass also counts
+every `send` and `recv` with its peer and size.
+
+A deadlock must end in seconds with a sentence naming the ranks and the call each was
+stuck in, not with gloo's internals: every rank catches its own timeout ("Timed out
+waiting 3000ms for recv") or the "connection closed" it gets once a peer gives up, and
+reports which call it was blocked in. The caller turns that into one AssertionError.
+"""
+
+import re
+import traceback
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from dpcourse.comm.recorder import CommRecorder, ForbiddenCollective
+from dpcourse.runtime.backend import rank_device
+from dpcourse.runtime.inside_rank import to_cpu
+from dpcourse.runtime.launcher import launch
+
+GROUP_TIMEOUT = 3.0  # seconds a blocked send/recv waits before it counts as a deadlock
+
+
+WAITED = re.compile(r"timed out|timeout|closed by peer|connection reset|broken pipe|connection closed"
+                    r"|socket closed|connection refused", re.I)
+
+
+@dataclass
+class Call:
+    """What one rank did in one call of the learner's function."""
+
+    rank: int  # rank in the world
+    group_rank: int | None  # rank in the group the call ran on; None: not a member, did not call
+    group_members: list | None = None  # world ranks of that group, in group-rank order
+    result: object = None  # what the function returned
+    after: object = None  # the first argument as the call left it (in-place functions)
+    expected: object = None  # the reference computed with a built-in collective, if asked
+    ops: list = field(default_factory=list)  # CommOp list: op, peer (group rank), nbytes
+    stuck: str | None = None  # "in recv from rank 3 (`dist.recv(buf, left)`)" after a timeout
+    forbidden: str | None = None  # the ForbiddenCollective message
+
+    @property
+    def group_size(self):
+        return len(self.group_members or ())
+
+    @property
+    def sends(self):
+        return [o for o in self.ops if o.op == "send"]
+
+    @property
+    def sent_bytes(self):
+        return sum(o.nbytes for o in self.sends)
+
+
+def run_p2p(fn, inputs, *, exercise, args=(), kwargs=None, reference=None, groups=None,
+            group_timeout=GROUP_TIMEOUT, deadline=None, label=None):
+    """Launch len(inputs) ranks; rank r calls fn(inputs[r], *args, **kwargs) with p2p only.
+
+    inputs[r] goes to rank r's device and is cloned, so `Call.after` shows what an in-place
+    function did to it. reference="all_reduce" also computes the expected value with
+    `dist.all_reduce` (outside the recorder). groups: lists of world ranks; each rank calls
+    fn with `group=` the group it belongs to. Returns one Call per world rank; raises an
+    AssertionError naming ranks and calls on a deadlock or a collective.
+    """
+    case = dict(inputs=list(inputs), args=tuple(args), kwargs=dict(kwargs or {}), reference=reference,
+                groups=groups, label=label)
+    return next(run_cases(fn, len(inputs), [case], exercise=exercise, group_timeout=group_timeout,
+                          deadline=deadline))
+
+
+def run_cases(fn, world_size, cases, *, exercise, group_timeout=GROUP_TIMEOUT, deadline=None):
+    """Several cases on the same ranks in one launch (a launch costs ~0.1-0.5 s, a case ~ms).
+
+    Each case is a dict like run_p2p's arguments: inputs (one per world rank), args, kwargs,
+    reference, groups, label. Yields, case by case, the list of Calls (one per world rank);
+    a deadlock or a collective in a case raises when that case is reached, so a caller that
+    checks each case as it comes reports the first thing that went wrong.
+    """
+    per_rank = launch(_rank_side, world_size, fn, cases, exercise, group_timeout=group_timeout,
+                      deadline=deadline)
+    for index, case in enumerate(cases):
+        calls = [rank_calls[index] if index < len(rank_calls) else None for rank_calls in per_rank]
+        _raise_problems(calls, exercise, case.get("label"), group_timeout)
+        yield calls
+
+
+class PeerRecorder(CommRecorder):
+    """A CommRecorder that also notes each send/recv's peer as a world rank (`op.world_peer`):
+    the recorder sees the peer's rank in the group the call was made on."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if func.overloadpacket._qualified_op_name in ("c10d::send", "c10d::recv_") and self.ops:
+            self.ops[-1].world_peer = _world_rank(args[1], args[2])
+        return out
+
+
+def _world_rank(process_group, peer):
+    try:
+        group = torch._C._distributed_c10d.ProcessGroup.unbox(process_group)
+        return dist.get_process_group_ranks(group)[peer]
+    except Exception:  # noqa: BLE001 - a name for a message only: fall back to the group rank
+        return peer
+
+
+def world_peer(op):
+    """The world rank a send went to / a recv came from."""
+    return getattr(op, "world_peer", op.peer)
+
+
+def _rank_side(fn, cases, exercise):
+    """Runs on every rank: each case in order, stopping at the first one that went wrong."""
+    rank, calls = dist.get_rank(), []
+    for case in cases:
+        group, members = _make_group(case.get("groups"), rank)
+        call = Call(rank, None)
+        calls.append(call)
+        if members is None:
+            continue
+        call.group_rank, call.group_members = members.index(rank), members
+        x = _to_device(case["inputs"][rank])
+        kwargs = dict(case.get("kwargs") or {})
+        if case.get("groups") is not None:
+            kwargs["group"] = group
+        if case.get("reference") == "all_reduce":
+            call.expected = x.clone()
+            dist.all_reduce(call.expected, group=group)
+        recorder = PeerRecorder(p2p_only=True, exercise=exercise)
+        try:
+            with recorder:
+                call.result = fn(x, *case.get("args", ()), **kwargs)
+        except ForbiddenCollective as exc:
+            call.forbidden = str(exc)
+        except Exception as exc:  # a timeout or a vanished peer is a deadlock; anything else is a bug
+            if isinstance(exc, RuntimeError) and "Pair is not connected" in str(exc):
+                raise RuntimeError(f"{exercise}: rank {rank} sent to or received from itself (gloo: \"Pair "
+                                   f"is not connected\"): a rank has no connection to itself; on a single "
+                                   f"rank there is nobody to talk to") from exc
+            if not (isinstance(exc, RuntimeError) and WAITED.search(str(exc))):
+                raise
+            call.stuck = _blocked_in(exc, recorder.ops)
+        call.ops = recorder.ops
+        call.result, call.after, call.expected = to_cpu(call.result), to_cpu(x), to_cpu(call.expected)
+        if call.stuck or call.forbidden:
+            break  # peers will not match the next case's calls: stop here, report this one
+    return calls
+
+
+def _make_group(groups, rank):
+    """Create every group (all ranks must take part), return (this rank's group, its members)."""
+    if groups is None:
+        return None, list(range(dist.get_world_size()))
+    mine = (None, None)
+    for members in groups:
+        group = dist.new_group(list(members))
+        if rank in members:
+            mine = (group, list(members))
+    return mine
+
+
+def _to_device(value):
+    return value.to(rank_device()).clone() if isinstance(value, torch.Tensor) else value
+
+
+def _blocked_in(exc, ops):
+    """Which call a rank was blocked in, from its traceback and the recorder's last calls."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    c10d = [f for f in frames
+            if f.filename.replace("\\", "/").endswith("torch/distributed/distributed_c10d.py")]
+    call = c10d[0].name if c10d else "wait"
+    user = [f for f in frames if "site-packages" not in f.filename and "/dpcourse/" not in f.filename]
+    where = f" (`{user[-1].line.strip()}`)" if user and user[-1].line else ""
+    last = ops[-1] if ops else None
+    if call in ("send", "recv", "isend", "irecv") and last is not None and last.op in ("send", "recv"):
+        direction = "to" if last.op == "send" else "from"
+        return f"in {call} {direction} rank {world_peer(last)}{where}"
+    recent = ", ".join(f"{o.op} {'to' if o.op == 'send' else 'from'} rank {world_peer(o)}" for o in ops[-2:])
+    return f"in {call}(){where}" + (f", after {recent}" if recent else "")
+
+
+def _raise_problems(calls, exercise, label, group_timeout):
+    where = f" ({label})" if label else ""
+    forbidden = [c for c in calls if c is not None and c.forbidden]
+    if forbidden:
+        ranks = _names([c.rank for c in forbidden])
+        raise AssertionError(f"{forbidden[0].forbidden.replace(exercise, exercise + where, 1)} "
+                             f"[on rank{'s' if len(forbidden) > 1 else ''} {ranks}]")
+    stuck = [c for c in calls if c is not None and c.stuck]
+    if stuck:
+        group = members(calls)
+        lines = []
+        for c in group:
+            if c.stuck:
+                lines.append(f"  rank {c.rank}: blocked {c.stuck}")
+            else:
+                lines.append(f"  rank {c.rank}: finished its call ({len(c.sends)} send(s), "
+                             f"{len(c.ops) - len(c.sends)} recv(s))")
+        raise AssertionError(
+            f"{exercise}{where} deadlocked: rank{'s' if len(stuck) > 1 else ''} "
+            f"{_names([c.rank for c in stuck])} of {len(group)} waited {group_timeout:g} s for a "
+            f"partner that never came:\n" + "\n".join(lines) + "\n"
+            "A blocking dist.send returns only once its peer has posted the matching recv (and a recv "
+            "once a matching send arrives): if every rank sends first, or every rank receives first, "
+            "they wait in a circle. Order the calls so a partner is always posted (even ranks send "
+            "first, odd ranks receive first), or post isend/irecv together and then wait.")
+
+
+def _names(ranks):
+    names = [str(r) for r in ranks]
+    return ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]
+
+
+def members(calls):
+    """The calls of the ranks that took part (a case on a sub-group leaves the others out)."""
+    return [c for c in calls if c is not None and c.group_rank is not None]

@@ -1,0 +1,106 @@
+"""Record (or forbid) every communication call a rank makes, as the dispatcher sees it.
+
+    with CommRecorder() as rec:          # inside a rank
+        ring_all_reduce(t)
+    rec.ops         # [CommOp(op="send", peer=1, nbytes=16, start=..., end=...), ...]
+    rec.sent_bytes  # bytes this rank sent with send/isend
+
+Why the dispatcher: every route to a collective -- `dist.all_reduce`, the process
+group object (`dist.group.WORLD.allreduce`, `_get_default_group().allreduce`),
+async variants -- ends in a `c10d::` operator, which a TorchDispatchMode sees
+with its tensors. Patching `dist.all_reduce` alone would miss the bypass.
+
+`CommRecorder(p2p_only=True)` raises `ForbiddenCollective` at the first
+collective: how exercises that must be built from send/recv are enforced.
+"""
+
+import time
+from dataclasses import dataclass
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+P2P = {"send", "recv", "recv_any_source"}
+
+
+NAMES = {  # c10d operator -> the torch.distributed call a learner knows
+    "allreduce_": "all_reduce", "allreduce_coalesced_": "all_reduce_coalesced",
+    "allgather_": "all_gather", "_allgather_base_": "all_gather_into_tensor",
+    "allgather_coalesced_": "all_gather_coalesced",
+    "allgather_into_tensor_coalesced_": "all_gather_into_tensor_coalesced",
+    "reduce_scatter_": "reduce_scatter", "_reduce_scatter_base_": "reduce_scatter_tensor",
+    "reduce_scatter_tensor_coalesced_": "reduce_scatter_tensor_coalesced",
+    "broadcast_": "broadcast", "reduce_": "reduce", "gather_": "gather", "scatter_": "scatter",
+    "alltoall_": "all_to_all", "alltoall_base_": "all_to_all_single", "barrier": "barrier",
+    "monitored_barrier_": "monitored_barrier", "send": "send", "recv_": "recv",
+    "recv_any_source_": "recv_any_source",
+}
+
+
+class ForbiddenCollective(RuntimeError):
+    """A collective was called where only point-to-point operations are allowed."""
+
+
+@dataclass
+class CommOp:
+    op: str  # "send", "recv", "all_reduce", ...
+    peer: int | None  # the other rank of a send/recv (rank in its group); None for collectives
+    nbytes: int  # bytes of the tensors handed to the call (per rank)
+    start: float  # time.perf_counter() when the call was issued
+    end: float  # when the call returned (for async calls: when it was queued, not finished)
+
+
+def _tensors(value):
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item)
+
+
+class CommRecorder(TorchDispatchMode):
+    """A dispatch mode that logs each c10d call of this rank; see the module docstring."""
+
+    def __init__(self, p2p_only=False, exercise="this exercise"):
+        super().__init__()
+        self.p2p_only, self.exercise, self.ops = p2p_only, exercise, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        qualified = func.overloadpacket._qualified_op_name
+        if not qualified.startswith("c10d::"):
+            return func(*args, **(kwargs or {}))
+        name = NAMES.get(qualified.split("::", 1)[1], qualified.split("::", 1)[1].rstrip("_"))
+        if self.p2p_only and name not in P2P:
+            raise ForbiddenCollective(
+                f"{self.exercise} called the collective `{name}` (c10d::{qualified.split('::')[1]}): "
+                f"it must be built from point-to-point operations only "
+                f"(dist.send/recv/isend/irecv or batch_isend_irecv)")
+        peer = args[2] if name in ("send", "recv") and len(args) > 2 else None
+        # collectives list input and output tensors: count the inputs (the first argument)
+        nbytes = sum(t.numel() * t.element_size() for t in _tensors(args[0] if args else ()))
+        start = time.perf_counter()
+        out = func(*args, **(kwargs or {}))
+        self.ops.append(CommOp(name, peer, nbytes, start, time.perf_counter()))
+        return out
+
+    def count(self, op):
+        return sum(1 for o in self.ops if o.op == op)
+
+    @property
+    def sent_bytes(self):
+        return sum(o.nbytes for o in self.ops if o.op == "send")
+
+    @property
+    def received_bytes(self):
+        return sum(o.nbytes for o in self.ops if o.op in ("recv", "recv_any_source"))
+
+    @property
+    def collectives(self):
+        return [o for o in self.ops if o.op not in P2P]
+
+
+def recorded(fn, *args, p2p_only=False, exercise=None, **kwargs):
+    """Run fn(*args, **kwargs) on this rank under a recorder; return (result, list of CommOp)."""
+    with CommRecorder(p2p_only=p2p_only, exercise=exercise or getattr(fn, "__name__", "fn")) as rec:
+        result = fn(*args, **kwargs)
+    return result, rec.ops

@@ -1,0 +1,103 @@
+"""Run a communication exercise on ranks under the recorder, and judge values, messages and bytes.
+
+    calls = run_p2p(ring_shift, [torch.full((3,), float(r)) for r in range(4)], exercise="ring_shift")
+    calls[2].result, calls[2].after, calls[2].ops      # what rank 2 returned, its input after, its calls
+    expect_ring_traffic(calls, numel=3, element_size=4, phases=2, what="ring_all_reduce")
+
+Why a module: the exercises of notebooks 03-04 are graded on three things -- the values
+each rank ends with, that only point-to-point calls were used (a collective would do the
+work for you), and how many messages and bytes each rank sent (a ring is *defined* by
+them). Each rank runs the learner's function inside `CommRecorder(p2p_only=True)`, so the
+same recorder that forbids `dist.all_reduce` and the process-group bypass also counts
+every `send` and `recv` with its peer and size.
+
+A deadlock must end in seconds with a sentence naming the ranks and the call each was
+stuck in, not with gloo's internals: every rank catches its own timeout ("Timed out
+waiting 3000ms for recv") or the "connection closed" it gets once a peer gives up, and
+reports which call it was blocked in. The caller turns that into one AssertionError.
+"""
+
+import math
+
+from dpcourse.comm.calls import members, world_peer
+
+
+def ring_budget(numel, element_size, world_size, phases):
+    """What a ring moves per rank: `phases` times N-1 steps, each one chunk of at most ⌈S/N⌉ elements.
+
+    Returns (messages, largest message in bytes, most bytes, ideal bytes = phases·(N-1)/N·S).
+    A reduce-scatter or an all-gather is one phase, an all-reduce two.
+    """
+    chunk = math.ceil(numel / world_size)
+    steps = phases * (world_size - 1)
+    return (steps, chunk * element_size, steps * chunk * element_size,
+            phases * (world_size - 1) / world_size * numel * element_size)
+
+
+def expect_ring_traffic(calls, numel, element_size, phases, what):
+    """Check each rank's sends against a ring's: at most phases·(N-1) messages of one chunk each.
+
+    A step is one send of a rank: rank r's k-th send is its step k. A ring all-reduce of S
+    bytes on N ranks takes 2(N-1) steps of ⌈S/N⌉ bytes (up to chunk rounding): each rank
+    sends 2(N-1)/N · S bytes, whatever N. Passing the whole tensor around sends (N-1)·S.
+    """
+    for c in members(calls):
+        n = c.group_size
+        steps, largest, most, ideal = ring_budget(numel, element_size, n, phases)
+        sent = c.sends
+        total = sum(o.nbytes for o in sent)
+        chunk = math.ceil(numel / n)
+        formula = (f"2(N-1)/N·S = {2 * (n - 1)}/{n}·S" if phases == 2 else f"(N-1)/N·S = {n - 1}/{n}·S")
+        if total > most:
+            ratio = f"{total / ideal:.1f}x the bytes of a ring {what}" if ideal else f"{total} bytes"
+            raise AssertionError(
+                f"rank {c.rank} sent {ratio}: {total} bytes in {len(sent)} message(s) for a tensor of "
+                f"S = {numel * element_size} bytes on {n} ranks; a ring sends {formula} = {ideal:.0f} bytes "
+                f"(up to chunk rounding), in {steps} steps of one chunk (⌈{numel}/{n}⌉ = {chunk} "
+                f"elements) each")
+        for step, o in enumerate(sent):
+            if o.nbytes > largest:
+                raise AssertionError(
+                    f"rank {c.rank}'s step {step + 1} sent {o.nbytes} bytes to rank {world_peer(o)}, more "
+                    f"than one chunk (⌈{numel}/{n}⌉ = {chunk} elements = {largest} bytes): in a ring {what} "
+                    f"each of the {steps} steps sends one chunk, not the whole tensor")
+        if len(sent) > steps:
+            raise AssertionError(
+                f"rank {c.rank} sent {len(sent)} messages: a ring {what} on {n} ranks takes {steps} steps, "
+                f"one chunk each")
+
+
+def traffic_table(calls):
+    """Rows (rank, sends, recvs, bytes sent, bytes received) to print under a demo."""
+    rows = []
+    for c in members(calls):
+        recvs = [o for o in c.ops if o.op == "recv"]
+        rows.append((c.rank, len(c.sends), len(recvs), c.sent_bytes, sum(o.nbytes for o in recvs)))
+    return rows
+
+
+def print_traffic(calls, title=None):
+    """Print who sent how many messages and bytes, straight from the recorder."""
+    if title:
+        print(title)
+    print(f"{'rank':>4} {'sends':>6} {'recvs':>6} {'bytes sent':>11} {'bytes received':>15}")
+    for rank, sends, recvs, sent, received in traffic_table(calls):
+        print(f"{rank:>4} {sends:>6} {recvs:>6} {sent:>11} {received:>15}")
+
+
+def expect_tree_messages(calls, world, src, what):
+    """Each rank but src receives exactly once; no rank sends more than ceil(log2 N) messages."""
+    limit = math.ceil(math.log2(world)) if world > 1 else 0
+    for c in members(calls):
+        recvs = [o for o in c.ops if o.op == "recv"]
+        if c.rank == src and recvs:
+            raise AssertionError(f"{what}: the source rank {src} received {len(recvs)} message(s); it "
+                                 f"already has the data")
+        if c.rank != src and len(recvs) != 1:
+            raise AssertionError(f"{what}: rank {c.rank} received {len(recvs)} messages; every rank but "
+                                 f"the source needs exactly one")
+        if len(c.sends) > limit:
+            raise AssertionError(
+                f"{what}: rank {c.rank} sent {len(c.sends)} messages; in a tree (or a ring) no rank sends "
+                f"more than ⌈log2 {world}⌉ = {limit}: a source that sends a copy to every rank is the "
+                f"bottleneck a broadcast algorithm avoids")

@@ -1,0 +1,178 @@
+"""What happens inside one rank: join the group, run the function, report back, exit.
+
+The launcher (launcher.py) starts each rank either by forking (CPU, fast) or by
+starting `python -m dpcourse.runtime.inside_rank` (GPU, or whenever CUDA is already in use
+in the caller). Both paths end in `run_rank`, so a rank behaves the same way
+however it was born.
+
+Ranks talk to the launcher through three pipes:
+  out   - the rank's stdout and stderr (file descriptors 1 and 2), relayed line by line;
+  msg   - one framed pickle: ("ok", time, value) or ("error", time, type, message, traceback);
+  diag  - faulthandler's dump of every thread's stack, written when the launcher
+          sends SIGUSR1 to a rank that is stuck.
+"""
+
+import ctypes
+import datetime
+import faulthandler
+import io
+import os
+import pickle
+import signal
+import struct
+import sys
+import time
+import traceback
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent_pid):
+    """Ask the kernel to SIGKILL this rank when the launcher dies.
+
+    SIGKILL, not torch's SIGINT: a background job ignores SIGINT, and a rank
+    spinning in Python would be orphaned at 100% CPU (measured in FINDINGS.md).
+    """
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def redirect_output(out_fd):
+    """Send this process's fd 1 and 2 (C and Python alike) into the launcher's pipe."""
+    os.dup2(out_fd, 1)
+    os.dup2(out_fd, 2)
+    os.close(out_fd)
+    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), line_buffering=True)
+    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), line_buffering=True)
+
+
+def send_message(msg_fd, message):
+    """Write one length-prefixed pickle; the launcher reads exactly one per rank."""
+    try:
+        data = pickle.dumps(message)
+    except Exception as exc:  # an unpicklable return value is the learner's bug, say so
+        data = pickle.dumps(("error", time.monotonic(), "PicklingError",
+                             f"the function returned a value that cannot be sent back to the "
+                             f"caller ({exc})", ""))
+    blob = struct.pack("<Q", len(data)) + data
+    view = memoryview(blob)
+    while view:
+        written = os.write(msg_fd, view)
+        view = view[written:]
+
+
+def to_cpu(value):
+    """Move tensors in a (nested) result to the CPU so the caller never has to touch CUDA."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
+        return type(value)(to_cpu(v) for v in value)
+    if isinstance(value, dict) and type(value) is dict:
+        return {k: to_cpu(v) for k, v in value.items()}
+    return value
+
+
+def join_group(rank, world_size, backend, store_path, group_timeout):
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+                      LOCAL_WORLD_SIZE=str(world_size))
+    # Every rank of a launch lives on this machine: loopback is always the right interface.
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    store = dist.FileStore(store_path, world_size)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=group_timeout))
+    # gloo can return from init on one rank while another is still connecting; start the
+    # function on every rank together, so a rank failing at once never cuts a peer's connect.
+    if backend == "nccl":
+        dist.barrier(device_ids=[rank])
+    else:
+        dist.barrier()
+    return store
+
+
+def run_rank(spec, fn, args, kwargs, msg_fd, diag_fd):
+    """Run `fn` as one rank and never return: the process ends here."""
+    code, store = 1, None
+    try:
+        import torch
+
+        # A child forked after the parent used OpenMP hangs in its first big op
+        # unless it drops to one thread first (FINDINGS.md). One thread per rank
+        # is also the fair setting when ranks share a few cores.
+        torch.set_num_threads(1)
+        faulthandler.register(signal.SIGUSR1, file=os.fdopen(diag_fd, "w", closefd=False),
+                              all_threads=True)
+        store = join_group(spec["rank"], spec["world_size"], spec["backend"], spec["store_path"],
+                           spec["group_timeout"])
+        value = to_cpu(fn(*args, **kwargs))
+        _flush_output()
+        send_message(msg_fd, ("ok", time.monotonic(), value))
+        code = 0
+    except BaseException as exc:  # noqa: BLE001 - every failure is reported, even SystemExit
+        send_message(msg_fd, ("error", time.monotonic(), type(exc).__name__, str(exc),
+                              "".join(traceback.format_exception(exc))))
+    finally:
+        if code == 0:
+            _leave_together(store, spec["world_size"])
+        _flush_output()
+        os._exit(code)
+
+
+def _flush_output():
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - nothing more to do with a broken stream
+            pass
+
+
+def _leave_together(store, world_size):
+    """Stay until every rank has finished, then leave the group.
+
+    A rank that exits as soon as its function returns closes its sockets while a
+    slower peer may still be connecting or talking to it: the peer then fails with
+    "Connection closed by peer" through no fault of its own (seen here with gloo).
+    The wait goes through the store, not gloo; the launcher kills a rank that waits
+    here for a peer that failed.
+    """
+    import torch.distributed as dist
+
+    try:
+        if store.add("dpcourse/finished", 1) == world_size:
+            store.set("dpcourse/all_finished", "1")
+        else:
+            store.wait(["dpcourse/all_finished"], datetime.timedelta(days=1))
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 - the result is already sent; leaving is best effort
+        pass
+
+
+def spawned_main():
+    """Entry point of a rank started as a fresh interpreter (GPU path)."""
+    import json
+
+    import cloudpickle
+
+    payload_path, spec, msg_fd, diag_fd = sys.argv[1], json.loads(sys.argv[2]), *map(int, sys.argv[3:5])
+    die_with_parent(spec["parent_pid"])
+    sys.path[:0] = [p for p in spec["sys_path"] if p not in sys.path]  # find the caller's modules
+    sys.stdout.reconfigure(line_buffering=True)
+    sys.stderr.reconfigure(line_buffering=True)
+    with open(payload_path, "rb") as f:
+        fn, args, kwargs = cloudpickle.loads(f.read())
+    run_rank(spec, fn, args, kwargs, msg_fd, diag_fd)
+
+
+if __name__ == "__main__":
+    spawned_main()
