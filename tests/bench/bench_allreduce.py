@@ -6,7 +6,7 @@ repeat's time is the slowest rank's, and the table shows medians as algbw and bu
 (NCCL-tests: busbw = algbw * 2(N-1)/N), with each function's busbw over gloo's measured in
 the same run. The plot goes to bench-results/bench_allreduce.png (git-ignored).
 
-The reference ring (autograder/dpgrader/reference_ring.py) is the solution of notebook 04
+The reference ring (autograder/dpgrader/tuned/ring.py) is the solution of notebook 04
 tuned for speed: its target is busbw >= 1.0x gloo's at >= 4 MiB. The "textbook ring" is the
 notebook's solution as written, "naive (root)" notebook 03's. Besides the ratio of medians,
 the summary gives the median of per-repeat ratios (each repeat runs the functions back to
@@ -16,7 +16,7 @@ least disturbed runs). Runs in about a minute and a half.
 What to expect on a 2-core machine (measured here, four runs): the reference ring reaches
 1.0-1.3x gloo's busbw at >= 4 MiB on 2 ranks and 1.0-1.5x on 4. Runs vary: at N = 2 and 16 MiB
 one run of four ended at 1.00x. Before the ring sent each direction on its own connection
-(see reference_ring.py) it stayed at 0.85-1.05x on 2 ranks: both directions then share one
+(see tuned/ring.py) it stayed at 0.85-1.05x on 2 ranks: both directions then share one
 connection and the same two cores, an exchange of 8 MiB each way (3.5 ms) moves bytes no
 faster than a one-way send of 8 MiB (1.6 ms), and 2-5 ms stalls (one in five first exchanges
 after the barrier; `perf sched` showed one as a gloo I/O thread queued 4.7 ms behind its peer's
@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from dpcourse import launch
 from dpcourse.topics.collectives.costmodel import busbw, format_bytes, plot_bandwidth, time_all_reduces
-from dpgrader.reference_ring import naive_all_reduce, ring_all_reduce, textbook_ring_all_reduce
+from dpgrader.tuned.ring import naive_all_reduce, ring_all_reduce, textbook_ring_all_reduce
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench-results"
 SIZES = [4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]

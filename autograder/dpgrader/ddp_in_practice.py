@@ -7,8 +7,8 @@ per-rank batch of 1, another model, resuming with nothing left to train.
 Each raises a short AssertionError saying what is wrong.
 
 `reference_train_ddp` is a correct solution of the exercise, kept grader-side:
-tests/test_torchrun.py runs it under torchrun (`-m dpcourse.runtime.cluster
-dpgrader.ddp_practice:reference_train_ddp`).
+tests/library/test_runtime_cluster.py runs it under torchrun (`-m dpcourse.runtime.cluster
+dpgrader.ddp_in_practice:reference_train_ddp`).
 """
 
 import os

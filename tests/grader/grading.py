@@ -1,7 +1,7 @@
 """Grade notebooks in tests: the solution, the released version and planted-bug variants.
 
 A variant is the released notebook with some solution cells replaced by buggy
-code (tests/variants/<assignment>.py holds them). All notebooks of one
+code (tests/grader/variants/<assignment>.py holds them). All notebooks of one
 assignment go through one `grade.py` run (one nbgrader autograde, several
 "students"), which is what keeps `make test` within its time budget.
 """

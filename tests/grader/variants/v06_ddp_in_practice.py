@@ -5,7 +5,7 @@ Every variant is the correct train_ddp with one realistic mistake (BASE below, e
 
 import inspect
 
-from dpgrader.ddp_practice import reference_train_ddp
+from dpgrader.ddp_in_practice import reference_train_ddp
 
 
 def _correct_train_ddp():

@@ -183,7 +183,7 @@ def test_refuses_when_a_default_group_is_already_initialised(tmp_path):
 
 def test_backend_is_gloo_on_cpu_and_nccl_is_refused_without_gpus(monkeypatch):
     if torch.cuda.device_count() >= 2:
-        pytest.skip("this machine has GPUs: the NCCL path is checked by tests/test_gpu.py")
+        pytest.skip("this machine has GPUs: the NCCL path is checked by tests/library/test_runtime_gpu.py")
     assert resolve_backend(2) == "gloo"
     monkeypatch.setenv("DPCOURSE_BACKEND", "nccl")
     with pytest.raises(ValueError, match="NCCL backend needs one GPU per rank"):

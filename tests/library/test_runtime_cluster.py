@@ -20,7 +20,7 @@ from dpcourse.toys.smallcnn import SmallCNN
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("no_orphans")]
 
-TARGET = "dpgrader.ddp_practice:reference_train_ddp"  # a correct train_ddp, kept grader-side
+TARGET = "dpgrader.ddp_in_practice:reference_train_ddp"  # a correct train_ddp, kept grader-side
 SAMPLES, EPOCHS, GLOBAL_BATCH, LR, SEED, WIDTH = 64, 2, 16, 0.05, 3, 4
 TIMEOUT = 180  # seconds per job: each worker starts a Python with torch (slow on 2 busy cores)
 
