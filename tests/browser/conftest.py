@@ -24,7 +24,7 @@ SCREENSHOTS = REPO / "browser-screenshots"  # git-ignored
 WAIT = {
     "server": 90,      # `make lab` / `make formgrader` answers on its port
     "browser": 30,     # Chromium starts
-    "lab": 60,         # JupyterLab's file browser shows the course
+    "lab": 60,         # JupyterLab loads: its file browser, a kernel, the Formgrader panel's pages
     "step": 30,        # a click lands: a menu, a file, a notebook tab, a dialog closing
     "cells": 240,      # the cells of a notebook run (each launches several ranks)
     "widget": 60,      # a widget appears, or redraws after its slider moves

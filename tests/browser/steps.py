@@ -10,7 +10,12 @@ import re
 import time
 
 from PIL import Image, ImageChops
-from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+try:
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+except ImportError as missing:
+    raise ImportError("Playwright is missing from .venv: run `make install` (requirements.txt names it)"
+                      ) from missing
 
 from .conftest import WAIT
 
@@ -18,12 +23,18 @@ ERROR = "Traceback (most recent call last)"  # the header of every exception a c
 
 
 def appear(locator, what, wait="step"):
-    """Wait until `locator` is visible; fail naming `what` (not a CSS selector) and the wait."""
+    """Wait until `locator` is visible; fail naming `what` (not a CSS selector) and the wait.
+    Returns its first match."""
     try:
         locator.first.wait_for(state="visible", timeout=WAIT[wait] * 1000)
     except PlaywrightTimeout:
         raise AssertionError(f"{what} did not appear within {WAIT[wait]} s") from None
-    return locator
+    return locator.first
+
+
+def click(locator, what, wait="step"):
+    """Click what a person would click, once it is there; fail naming it."""
+    appear(locator, what, wait).click()
 
 
 def until(page, check, what, wait):
@@ -39,20 +50,21 @@ def until(page, check, what, wait):
 
 
 def exactly(text):
+    """A pattern matching `text` alone: "Run All Cells" must not pick "Restart Kernel and Run All Cells…"."""
     return re.compile(rf"^\s*{re.escape(text)}\s*$")
 
 
 def open_lab(page, server):
+    """Open JupyterLab with the server's token, as the address `make lab` prints."""
     page.goto(server.url("lab"))
     appear(page.locator(".jp-DirListing-content"), "JupyterLab's file browser", "lab")
 
 
 def menu(page, top, item):
     """Click a menu of the menu bar, then one of its items (labels as a person reads them)."""
-    page.locator(".lm-MenuBar-itemLabel", has_text=exactly(top)).click()
+    click(page.locator(".lm-MenuBar-itemLabel", has_text=exactly(top)), f"the {top} menu")
     label = page.locator(".lm-Menu-itemLabel", has_text=exactly(item))
-    entry = page.locator(".lm-Menu-item", has=label).first
-    appear(entry, f"the item {item!r} of the {top} menu")
+    entry = appear(page.locator(".lm-Menu-item", has=label), f"the item {item!r} of the {top} menu")
     if "lm-mod-disabled" in (entry.get_attribute("class") or ""):
         page.keyboard.press("Escape")
         raise AssertionError(f"the item {item!r} of the {top} menu is disabled")
@@ -62,7 +74,7 @@ def menu(page, top, item):
 def hide_left_sidebar(page):
     """Fold the file browser away (click its tab), leaving the main area the whole width."""
     tab = page.locator(".jp-SideBar.jp-mod-left .lm-TabBar-tab.lm-mod-current")
-    appear(tab, "the left sidebar's open tab").click()
+    click(tab, "the left sidebar's open tab")
     try:
         page.locator(".jp-FileBrowser").wait_for(state="hidden", timeout=WAIT["step"] * 1000)
     except PlaywrightTimeout:
@@ -74,7 +86,7 @@ def open_path(page, path):
     for name in path.split("/"):
         item = page.locator(".jp-DirListing-item",
                             has=page.locator(".jp-DirListing-itemText", has_text=exactly(name)))
-        appear(item, f"{name} in the file browser").first.dblclick()
+        appear(item, f"{name} in the file browser").dblclick()
 
 
 def open_notebook(page, path):
@@ -85,7 +97,7 @@ def open_notebook(page, path):
     panel = notebook(page)
     appear(panel.locator(".jp-CodeCell"), f"the code cells of {name}")
     appear(page.locator(".jp-StatusBar-Widget", has_text=re.compile(r"\|\s*Idle")),
-           f"the kernel of {name} (status 'Idle')", "cells")
+           f"the kernel of {name} (status 'Idle')", "lab")
     return panel
 
 
@@ -121,7 +133,8 @@ def settle(page, before, what):
 
 def select_cell(page, index):
     """Select the index-th code cell (command mode), by clicking its prompt."""
-    notebook(page).locator(".jp-CodeCell").nth(index).locator(".jp-InputPrompt").click()
+    click(notebook(page).locator(".jp-CodeCell").nth(index).locator(".jp-InputPrompt"),
+          f"the prompt of code cell {index}")
 
 
 def run_all_cells(page):
@@ -167,9 +180,7 @@ def replace_line(page, index, old, new):
     """Type `new` over the line holding `old` in a code cell's editor, as a learner would: click the
     line's end, select back to its indentation, type. Returns the editor's text afterwards."""
     editor = notebook(page).locator(".jp-CodeCell").nth(index).locator(".cm-content")
-    line = editor.locator(".cm-line", has_text=old)
-    appear(line, f"the line {old!r} in code cell {index}")
-    line.click()
+    click(editor.locator(".cm-line", has_text=old), f"the line {old!r} in code cell {index}")
     page.keyboard.press("End")
     page.keyboard.press("Shift+Home")
     page.keyboard.type(new)
@@ -182,14 +193,14 @@ def validate(page, shots):
 
     The verdict class is nbgrader's: validation-failed, validation-success, validation-changed, ...
     """
-    notebook(page).locator(".validate-button").click()
+    click(notebook(page).locator(".validate-button"), "nbgrader's Validate button in the notebook toolbar")
     dialog = page.locator(".jp-Dialog", has=page.locator(".jp-Dialog-header", has_text="Validation Results"))
     appear(dialog, "the Validate dialog ('Validation Results')", "validate")
     message = dialog.locator("#validation-message")
     verdict = [c for c in message.get_attribute("class").split() if c.startswith("validation-")]
     text = message.inner_text()
     shots(dialog.locator(".jp-Dialog-content"), "validate-dialog")
-    dialog.locator(".jp-mod-accept").click()
+    click(dialog.locator(".jp-mod-accept"), "the Validate dialog's Ok button")
     try:
         dialog.wait_for(state="detached", timeout=WAIT["step"] * 1000)
     except PlaywrightTimeout:

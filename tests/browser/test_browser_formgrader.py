@@ -16,7 +16,7 @@ from nbgrader.api import Gradebook
 from variants.v00_orientation import VARIANTS
 
 from .conftest import REPO, WAIT
-from .steps import appear, exactly, hide_left_sidebar, menu, open_lab, until
+from .steps import appear, click, exactly, hide_left_sidebar, menu, open_lab, until
 
 ASSIGNMENT = "00_orientation"
 NOTEBOOK = f"{ASSIGNMENT}/{ASSIGNMENT}.ipynb"
@@ -98,7 +98,7 @@ def test_formgrader_lists_the_assignments_and_shows_the_scores(start_server, pag
 
     row = formgrader.locator("#main-table tr",
                              has=formgrader.locator("td.name", has_text=exactly(ASSIGNMENT)))
-    row.locator("td.num-submissions a").click()
+    click(row.locator("td.num-submissions a"), f"the link to the submissions of {ASSIGNMENT}")
     students = formgrader.locator("#main-table tr", has=formgrader.locator("td.student-id"))
     appear(students, f"the submissions of {ASSIGNMENT}", "lab")
 

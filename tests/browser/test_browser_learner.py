@@ -50,8 +50,8 @@ def test_learner_runs_notebook_00_writes_my_slice_and_validates(start_server, pa
 
     cells = run_all_cells(page)
     shots(page, "ran-all-cells")
-    assert not unexpected_errors(cells, lambda i, error: NOT_WRITTEN in error), \
-        "a cell of the released notebook fails for another reason than an exercise not written yet"
+    errors = unexpected_errors(cells, lambda i, error: NOT_WRITTEN in error)
+    assert not errors, f"cells of the released notebook fail, not for an exercise not written yet: {errors}"
     for i in tests:
         assert "NotImplementedError" in cells[i]["error"] and NOT_WRITTEN in cells[i]["error"], \
             f"the test cell {ids[i]} does not say its exercise is not written yet: {cells[i]}"

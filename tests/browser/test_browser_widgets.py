@@ -1,5 +1,4 @@
-"""Widgets in the browser: the ring replay of notebook 04 redraws when its slider moves; and the
-suite's own check that a notebook shows no error really catches a failing cell."""
+"""Widgets in the browser: the ring replay of notebook 04 redraws when its slider moves."""
 
 import shutil
 
@@ -16,7 +15,6 @@ from .steps import (
     open_lab,
     open_notebook,
     picture,
-    run_all_cells,
     run_cell,
     select_cell,
     settle,
@@ -55,7 +53,8 @@ def test_ring_replay_redraws_when_its_slider_moves(start_server, page, shots, ri
     menu(page, "Run", "Run All Above Selected Cell")
     cells = settle(page, before, "the cells above the ring replay")
     cells[replay] = run_cell(page, replay)
-    assert not unexpected_errors(cells[:replay + 1], lambda i, error: False)
+    errors = unexpected_errors(cells[:replay + 1], lambda i, error: False)
+    assert not errors, f"notebook 04 with a working ring fails before its replay: {errors}"
 
     cell = notebook(page).locator(".jp-CodeCell").nth(replay)
     output = cell.locator(".jp-Cell-outputArea")
@@ -68,31 +67,16 @@ def test_ring_replay_redraws_when_its_slider_moves(start_server, page, shots, ri
     shots(page, "notebook-widget")
     first, first_src, first_step = picture(output), image.get_attribute("src"), readout.inner_text()
 
-    slider.locator(".noUi-handle").focus()
+    appear(slider.locator(".noUi-handle"), "the handle of the replay's step slider").focus()
     page.keyboard.press("ArrowRight")
     until(page, lambda: readout.inner_text() != first_step, "the slider's readout did not change", "widget")
-    until(page, lambda: image.count() == 1 and image.get_attribute("src") not in (None, first_src),
-          f"the ring replay did not redraw after its slider moved from step {first_step}", "widget")
+    try:
+        until(page, lambda: image.count() == 1 and image.get_attribute("src") not in (None, first_src),
+              f"the ring replay did not redraw after its slider moved from step {first_step}", "widget")
+    except AssertionError as missing:
+        raise AssertionError(f"{missing}; the widget shows: {output.inner_text()[-500:]}") from None
     after = picture(output)
     shots(output, "ring-replay")
     assert differ(first, after), \
         f"the ring replay looks the same at steps {first_step} and {readout.inner_text()}"
 
-
-def test_a_failing_cell_is_reported(start_server, page, tmp_path):
-    """The suite's own check: a cell that raises must show up in `unexpected_errors`, named, and the
-    run must go on past it (otherwise a broken notebook could pass the learner's test)."""
-    root = tmp_path / "course"
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in (
-        "print('before')", "def broken():\n    return 1 / 0\n\nbroken()", "print('after')")])
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)",
-                                 "language": "python"}
-    (root / "broken").mkdir(parents=True)
-    nbformat.write(nb, root / "broken" / "broken.ipynb")
-    server = start_server("lab", make_vars=[f"LAB_ROOT={root}"])
-    open_lab(page, server)
-    open_notebook(page, "broken/broken.ipynb")
-    cells = run_all_cells(page)
-    assert "after" in cells[2]["text"], "the run stopped at the failing cell"
-    errors = unexpected_errors(cells, lambda i, error: "not written yet" in error)
-    assert len(errors) == 1 and "code cell 1" in errors[0] and "ZeroDivisionError" in errors[0], errors
