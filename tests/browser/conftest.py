@@ -3,6 +3,10 @@
 
 Whatever a test does or however it fails, its server, the server's kernels (and their ranks) and the
 browser are stopped when it ends, and the test fails if any of their processes survive.
+
+Playwright rather than Selenium: its pip wheel carries its driver (Selenium would need Debian's
+chromium-driver, one more machine package), every wait takes a timeout, and an element's screenshot
+is one call. It drives the system's Chromium (`executable_path`); `playwright install` is never run.
 """
 
 import json
