@@ -16,10 +16,14 @@ export PATH := $(BIN):$(PATH)
 # pytest workers: 2 (the machines here have 2 cores).
 JOBS       ?= 2
 LAB_OPTS   ?=
+# What `make lab` serves: the course (the browser tests point it at a scratch copy).
+LAB_ROOT   ?= $(CURDIR)/course
+# nbgrader's course root (autograder/nbgrader_config.py): `make formgrader` serves the same folder.
+COURSE_ROOT = $(or $(DPCOURSE_COURSE_ROOT),$(CURDIR))
 # Jupyter refuses to run as root unless told (containers and CI run as root).
 ROOT_OPT   := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: help install lab formgrader assignments index format grade autograde test lint bench clean
+.PHONY: help install browser-deps lab formgrader assignments index format grade autograde test lint bench clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 14
@@ -34,11 +38,19 @@ $(STAMP): requirements.txt pyproject.toml
 
 install: $(STAMP)  ## create .venv with torch (CPU), JupyterLab, nbgrader (idempotent)
 
+# Chromium is a machine package (apt, as root), so no learner's target installs it: CI runs this
+# (.ci/run) and so does a maintainer, once. Playwright, which drives it, comes with `make install`.
+browser-deps:  ## Chromium for the browser tests of `make test` (Debian/Ubuntu, as root; idempotent)
+	@if command -v chromium >/dev/null 2>&1; then echo "chromium is installed: $$(command -v chromium)"; \
+	elif [ "$$(id -u)" = 0 ]; then apt-get update -q && apt-get install -y -q chromium; \
+	else echo "Chromium is a system package: run \`sudo make browser-deps\` (or sudo apt-get install -y chromium)"; \
+	  exit 1; fi
+
 lab: install  ## JupyterLab on the course (what a learner opens)
-	cd autograder && $(BIN)/jupyter lab --ServerApp.root_dir=$(CURDIR)/course $(ROOT_OPT) $(LAB_OPTS)
+	cd autograder && $(BIN)/jupyter lab --ServerApp.root_dir=$(LAB_ROOT) $(ROOT_OPT) $(LAB_OPTS)
 
 formgrader: install  ## JupyterLab on the whole repository, with nbgrader's formgrader (instructors)
-	cd autograder && $(BIN)/jupyter lab --ServerApp.root_dir=$(CURDIR) $(ROOT_OPT) $(LAB_OPTS)
+	cd autograder && $(BIN)/jupyter lab --ServerApp.root_dir=$(COURSE_ROOT) $(ROOT_OPT) $(LAB_OPTS)
 
 assignments: install  ## regenerate course/ from solutions/ with nbgrader, and the exercise index
 	$(PY) autograder/notebooks.py $(NOTEBOOKS)
@@ -62,7 +74,7 @@ autograde: install  ## grade every submission in autograder/submitted/, write fe
 lint: install  ## ruff
 	$(BIN)/ruff check .
 
-test: install  ## lint, then every test (launcher, notebooks, grading, lab)
+test: install  ## lint, then every test (launcher, notebooks, grading, lab, browser: needs browser-deps)
 	$(BIN)/ruff check .
 	$(PY) -m pytest -n $(JOBS) --durations=15
 

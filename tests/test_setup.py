@@ -37,10 +37,19 @@ def test_solution_notebooks_are_committed_without_outputs():
 
 def test_make_help_lists_every_target_the_readme_names():
     out = subprocess.run(["make", "-s", "help"], cwd=REPO, capture_output=True, text=True).stdout
-    for target in ["install", "lab", "assignments", "grade", "autograde", "test", "bench", "clean"]:
+    for target in ["install", "browser-deps", "lab", "assignments", "grade", "autograde", "test", "bench",
+                   "clean"]:
         assert re.search(rf"^{target}\s", out, re.M), target
         assert f"make {target}" in (REPO / "README.md").read_text(), target
 
 
 def test_ci_runs_the_readme_test_command():
     assert "make test" in (REPO / ".ci" / "run").read_text()
+
+
+def test_ci_installs_chromium_and_no_learner_target_does():
+    """Chromium is a machine package for the browser tests: CI installs it; `make lab` must not."""
+    assert "make browser-deps" in (REPO / ".ci" / "run").read_text()
+    for target in ["install", "lab", "formgrader"]:
+        out = subprocess.run(["make", "-n", target], cwd=REPO, capture_output=True, text=True).stdout
+        assert "apt-get" not in out and "browser-deps" not in out, target
