@@ -9,6 +9,8 @@ nbgrader from autograder/ (grade.py writes its own copy for a scratch course).
 
 import os
 
+from dpcourse.runtime.timeouts import TIMEOUTS
+
 here = os.path.dirname(os.path.abspath(__file__))
 c = get_config()  # provided by traitlets when it loads this file
 
@@ -28,7 +30,7 @@ c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
 # A cell may run a few launches; each is bounded by the launcher's deadline
 # (60 s by default, far less in the tests), so a hung learner function scores 0
 # on its cell with a message and autograde always finishes.
-c.Execute.timeout = 300
+c.Execute.timeout = TIMEOUTS["cell"]
 c.Execute.interrupt_on_timeout = True
 
 # Feedback shows the test cells as the learner saw them, never the hidden part: the hidden

@@ -21,11 +21,12 @@ from dpcourse.comm.recorder import CommRecorder
 from dpcourse.reference.gradients import gradients_of, single_process_gradients, state_of
 from dpcourse.reference.training import sgd
 from dpcourse.runtime.backend import rank_device
+from dpcourse.runtime.timeouts import TIMEOUTS
 from dpcourse.toys.data import my_share, smooth_regression_data
 from dpcourse.toys.models import MODELS, loss_fn
 from dpgrader.tuned.ddp import bucket_assignment
 
-GROUP_TIMEOUT = 5
+GROUP_TIMEOUT = TIMEOUTS["test_group"]
 
 
 def _launch(fn, world_size, *args):

@@ -32,6 +32,7 @@ from dpcourse.checks.training import (
     with_save_log,
 )
 from dpcourse.reference.training import single_process_training
+from dpcourse.runtime.timeouts import TIMEOUTS
 from dpcourse.toys.images import GeneratedImages
 from dpcourse.toys.smallcnn import SmallCNN
 
@@ -86,7 +87,7 @@ def _run(train_ddp, world, n, global_batch, epochs, folder, make_model=CNN, seed
     try:
         out = launch(with_save_log, world, train_ddp, make_model, data, epochs=epochs,
                      global_batch=global_batch, lr=lr, seed=seed, checkpoint_dir=folder,
-                     group_timeout=5)
+                     group_timeout=TIMEOUTS["test_group"])
     except LaunchError as error:
         first = str(error).strip().splitlines()[0]
         raise AssertionError(f"{what} failed: {first}") from None

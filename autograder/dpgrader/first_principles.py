@@ -20,6 +20,7 @@ from dpcourse.checks.params import (
     expect_shard_calls,
 )
 from dpcourse.reference.gradients import batch_norm, full_batch_gradient, parameter_names, sgd_steps
+from dpcourse.runtime.timeouts import TIMEOUTS
 from dpcourse.toys.data import gradient_problems, line_data
 from dpcourse.toys.models import RecordingLoss, linear
 
@@ -129,7 +130,7 @@ def check_allreduce_sgd_step(allreduce_sgd_step, lr=0.1, steps=2):
     for world in (1, 3, 4):
         cases = named + ([few] if world > 2 else [])
         results = launch(run_allreduce_steps, world, allreduce_sgd_step, [p for _, p in cases], lr, steps,
-                         group_timeout=5)
+                         group_timeout=TIMEOUTS["test_group"])
         for index, (name, (model, loss_fn, x, y)) in enumerate(cases):
             start = [p.detach().double().clone() for p in model.parameters()]
             expected = sgd_steps(model, loss_fn, x, y, lr, steps)
@@ -170,7 +171,7 @@ def check_sync_batch_norm(sync_batch_norm):
         weight, bias = torch.linspace(0.5, 2.0, channels), torch.linspace(-1.0, 1.0, channels)
         expected = torch.split(batch_norm(torch.cat(shards), weight, bias), [len(s) for s in shards])
         results = launch(run_sync_batch_norm, len(shards), sync_batch_norm, shards, weight, bias, 1e-5,
-                         group_timeout=5)
+                         group_timeout=TIMEOUTS["test_group"])
         for rank, ((out, unchanged), want) in enumerate(zip(results, expected, strict=True)):
             what = f"rank {rank}: sync_batch_norm with {name}"
             expect_close(out, want, what)

@@ -28,8 +28,9 @@ from dpcourse.comm.recorder import CommRecorder, ForbiddenCollective
 from dpcourse.runtime.backend import rank_device
 from dpcourse.runtime.inside_rank import to_cpu
 from dpcourse.runtime.launcher import launch
+from dpcourse.runtime.timeouts import TIMEOUTS
 
-GROUP_TIMEOUT = 3.0  # seconds a blocked send/recv waits before it counts as a deadlock
+GROUP_TIMEOUT = TIMEOUTS["p2p_deadlock"]  # seconds a blocked send/recv waits: then it is a deadlock
 
 
 WAITED = re.compile(r"timed out|timeout|closed by peer|connection reset|broken pipe|connection closed"
@@ -95,28 +96,9 @@ def run_cases(fn, world_size, cases, *, exercise, group_timeout=GROUP_TIMEOUT, d
         yield calls
 
 
-class PeerRecorder(CommRecorder):
-    """A CommRecorder that also notes each send/recv's peer as a world rank (`op.world_peer`):
-    the recorder sees the peer's rank in the group the call was made on."""
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = super().__torch_dispatch__(func, types, args, kwargs)
-        if func.overloadpacket._qualified_op_name in ("c10d::send", "c10d::recv_") and self.ops:
-            self.ops[-1].world_peer = _world_rank(args[1], args[2])
-        return out
-
-
-def _world_rank(process_group, peer):
-    try:
-        group = torch._C._distributed_c10d.ProcessGroup.unbox(process_group)
-        return dist.get_process_group_ranks(group)[peer]
-    except Exception:  # noqa: BLE001 - a name for a message only: fall back to the group rank
-        return peer
-
-
 def world_peer(op):
     """The world rank a send went to / a recv came from."""
-    return getattr(op, "world_peer", op.peer)
+    return op.world_peer
 
 
 def _rank_side(fn, cases, exercise):
@@ -136,7 +118,7 @@ def _rank_side(fn, cases, exercise):
         if case.get("reference") == "all_reduce":
             call.expected = x.clone()
             dist.all_reduce(call.expected, group=group)
-        recorder = PeerRecorder(p2p_only=True, exercise=exercise)
+        recorder = CommRecorder(p2p_only=True, exercise=exercise)
         try:
             with recorder:
                 call.result = fn(x, *case.get("args", ()), **kwargs)

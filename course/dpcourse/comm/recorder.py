@@ -2,7 +2,7 @@
 
     with CommRecorder() as rec:          # inside a rank
         ring_all_reduce(t)
-    rec.ops         # [CommOp(op="send", peer=1, nbytes=16, start=..., end=...), ...]
+    rec.ops         # [CommOp(op="send", peer=1, nbytes=16, start=..., end=..., group=(0, 1, 2, 3)), ...]
     rec.sent_bytes  # bytes this rank sent with send/isend
 
 Why the dispatcher: every route to a collective -- `dist.all_reduce`, the process
@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
 P2P = {"send", "recv", "recv_any_source"}
@@ -48,6 +49,23 @@ class CommOp:
     nbytes: int  # bytes of the tensors handed to the call (per rank)
     start: float  # time.perf_counter() when the call was issued
     end: float  # when the call returned (for async calls: when it was queued, not finished)
+    group: tuple | None = None  # world ranks of the process group the call ran on, in group order
+
+    @property
+    def world_peer(self):
+        """The world rank a send went to / a recv came from (messages name ranks by world rank)."""
+        if self.peer is None or not self.group:
+            return self.peer
+        return self.group[self.peer]
+
+
+def group_members(process_group):
+    """The world ranks of a c10d operator's process-group argument, in group-rank order."""
+    try:
+        group = torch._C._distributed_c10d.ProcessGroup.unbox(process_group)
+        return tuple(dist.get_process_group_ranks(group))
+    except Exception:  # noqa: BLE001 - a name for messages only
+        return None
 
 
 def _tensors(value):
@@ -78,9 +96,10 @@ class CommRecorder(TorchDispatchMode):
         peer = args[2] if name in ("send", "recv") and len(args) > 2 else None
         # collectives list input and output tensors: count the inputs (the first argument)
         nbytes = sum(t.numel() * t.element_size() for t in _tensors(args[0] if args else ()))
+        group = group_members(args[1]) if len(args) > 1 else None
         start = time.perf_counter()
         out = func(*args, **(kwargs or {}))
-        self.ops.append(CommOp(name, peer, nbytes, start, time.perf_counter()))
+        self.ops.append(CommOp(name, peer, nbytes, start, time.perf_counter(), group))
         return out
 
     def count(self, op):

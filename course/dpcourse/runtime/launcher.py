@@ -37,11 +37,12 @@ from dataclasses import dataclass, field
 from dpcourse.runtime import inside_rank
 from dpcourse.runtime.backend import resolve_backend
 from dpcourse.runtime.failures import describe_failure
+from dpcourse.runtime.timeouts import TIMEOUTS
 
-DEFAULT_GROUP_TIMEOUT = 10.0  # seconds a recv or collective may wait for its peers
+DEFAULT_GROUP_TIMEOUT = TIMEOUTS["group"]  # seconds a recv or collective may wait for its peers
 
 
-DEFAULT_DEADLINE = 60.0  # seconds a whole launch may take
+DEFAULT_DEADLINE = TIMEOUTS["launch"]  # seconds a whole launch may take
 
 
 MAX_WORLD_SIZE = 64
