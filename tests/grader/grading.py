@@ -32,11 +32,21 @@ def released_path(assignment):
 
 
 def variants_of(assignment):
-    """The planted bugs of an assignment: {name: {"cells": {grade_id: source}, "loses": {...}}}."""
+    """The planted bugs of an assignment: {name: {"cells": {grade_id: source}, "loses", "keeps"}}.
+
+    A variants module holds either BUGS, a list of planted.Bug (edits of the solution), or the
+    older VARIANTS dict of whole cells.
+    """
     try:
         module = importlib.import_module(f"variants.v{assignment}")
     except ModuleNotFoundError:
         return {}
+    if hasattr(module, "BUGS"):
+        names = [bug.name for bug in module.BUGS]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        assert not duplicates, f"planted bugs of {assignment} share names: {duplicates}"
+        return {bug.name: {"cells": bug.cell_sources(assignment), "loses": bug.loses, "keeps": bug.keeps,
+                           "exercise": bug.exercise} for bug in module.BUGS}
     return module.VARIANTS
 
 

@@ -1,0 +1,67 @@
+"""Planted bugs as small edits of a solution: `Bug(exercise, name, patch=[(old, new)], loses={...})`.
+
+Why patches: a one-line bug hidden in a 40-line copy of the solution is hard to see and does
+not follow changes to the solution. A patch names the line it breaks, and applying it checks
+that `old` occurs exactly once in the exercise's solution code, so a bug breaks loudly (with
+the exercise and the bug named) when the solution changes under it.
+
+    BUGS = [
+        Bug("my_slice", "contiguous_blocks",
+            patch=[("return data[dist.get_rank()::dist.get_world_size()]",
+                    "n = len(data) // dist.get_world_size()\\n    return data[:n]")],
+            loses={"test_my_slice_basic": "has shape (2,), expected (3,)"}),
+        Bug("my_slice", "does_not_parse", source="def my_slice(data)\\n    return data",
+            loses={"test_my_slice_basic": "NameError"}),
+        Bug(None, "edits_a_test_cell", cells={"test_my_slice_basic": "pass"},
+            loses={"test_my_slice_basic": "NotImplementedError"}),
+    ]
+
+`source` replaces the exercise's cell whole (a real rewrite); `cells` replaces any other cells
+by grade id. `loses`: test cell -> a fragment its failure message must contain (and 0 points);
+`keeps`: test cells that must still get full marks.
+"""
+
+import re
+from dataclasses import dataclass, field
+
+import nbformat
+
+from conftest import REPO
+
+SOLUTION_MARKERS = re.compile(r"^[ \t]*### (BEGIN|END) SOLUTION[ \t]*(\n|$)", re.M)
+
+
+@dataclass
+class Bug:
+    exercise: str | None  # the exercise's key: the grade id of its solution cell
+    name: str
+    patch: list = field(default_factory=list)  # [(old, new)], each old exactly once in the solution
+    source: str | None = None  # the exercise's whole cell, rewritten
+    cells: dict = field(default_factory=dict)  # other cells replaced whole: grade_id -> source
+    loses: dict = field(default_factory=dict)  # test grade_id -> fragment of its failure message
+    keeps: list = field(default_factory=list)  # test grade_ids that must keep full marks
+
+    def cell_sources(self, assignment):
+        """{grade_id: source} of every cell this bug replaces in the released notebook."""
+        cells = dict(self.cells)
+        if self.exercise is not None and (self.patch or self.source is not None):
+            code = self.source if self.source is not None else solution_code(assignment, self.exercise)
+            for old, new in self.patch:
+                count = code.count(old)
+                if count != 1:
+                    raise AssertionError(
+                        f"planted bug {self.name!r} of {assignment}/{self.exercise}: the text to replace "
+                        f"occurs {count} times in the solution (expected once), so the solution changed "
+                        f"under the bug; update the patch. Text: {old!r}")
+                code = code.replace(old, new)
+            cells[self.exercise] = code
+        return cells
+
+
+def solution_code(assignment, exercise):
+    """The solution cell of `exercise` as a learner would write it: the source without markers."""
+    path = next((REPO / "solutions" / assignment).glob("*.ipynb"))
+    for cell in nbformat.read(path, as_version=4).cells:
+        if cell.metadata.get("nbgrader", {}).get("grade_id") == exercise:
+            return SOLUTION_MARKERS.sub("", cell.source)
+    raise AssertionError(f"{assignment} has no cell with grade id {exercise!r}")
