@@ -32,6 +32,10 @@ c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
 # on its cell with a message and autograde always finishes.
 c.Execute.timeout = TIMEOUTS["cell"]
 c.Execute.interrupt_on_timeout = True
+# Demos, benchmarks, widgets and long plots carry the cell tag "demo": grading and `nbgrader
+# validate` skip them (no test cell may depend on them), so a notebook grades in seconds.
+# A learner's JupyterLab runs them as usual. See docs/authoring.md.
+c.Execute.skip_cells_with_tag = "demo"
 
 # Feedback shows the test cells as the learner saw them, never the hidden part: the hidden
 # lines are cleared from the source, and tracebacks (which quote the lines around a failure)
