@@ -115,7 +115,7 @@ def run_rank(spec, fn, args, kwargs, msg_fd, diag_fd):
         store = join_group(spec["rank"], spec["world_size"], spec["backend"], spec["store_path"],
                            spec["group_timeout"])
         value = to_cpu(fn(*args, **kwargs))
-        _flush_output()
+        flush_output()
         send_message(msg_fd, ("ok", time.monotonic(), value))
         code = 0
     except BaseException as exc:  # noqa: BLE001 - every failure is reported, even SystemExit
@@ -124,11 +124,11 @@ def run_rank(spec, fn, args, kwargs, msg_fd, diag_fd):
     finally:
         if code == 0:
             _leave_together(store, spec["world_size"])
-        _flush_output()
+        flush_output()
         os._exit(code)
 
 
-def _flush_output():
+def flush_output():
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

@@ -58,24 +58,39 @@ def launch(fn, world_size, *args, backend=None, deadline=None, group_timeout=Non
     Raises LaunchError naming the culprit rank if any rank fails, exits or hangs.
     """
     _check_caller(world_size)
-    backend = resolve_backend(world_size, backend)
     deadline = _seconds("DPCOURSE_DEADLINE", deadline, DEFAULT_DEADLINE)
     group_timeout = _seconds("DPCOURSE_GROUP_TIMEOUT", group_timeout, DEFAULT_GROUP_TIMEOUT)
+    if _runner is not None:
+        return _runner(fn, world_size, args, kwargs, deadline=deadline, group_timeout=group_timeout)
+    backend = resolve_backend(world_size, backend)
     workdir = tempfile.mkdtemp(prefix="dpcourse-")
     ranks = []
     try:
         spec = dict(world_size=world_size, backend=backend, group_timeout=group_timeout,
                     store_path=os.path.join(workdir, "store"), parent_pid=os.getpid())
         ranks = _start_ranks(fn, args, kwargs, spec, workdir)
-        return _supervise(ranks, deadline, group_timeout)
+        return supervise(ranks, deadline, group_timeout)
     finally:
-        _kill_and_reap(ranks)
+        kill_and_reap(ranks)
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+_runner = None  # the grader's own way to run ranks (sandboxed, routed), installed in its process
+
+
+def use_runner(runner):
+    """Make every `launch` in this process call `runner(fn, world_size, args, kwargs, deadline=,
+    group_timeout=)` instead of forking ranks here: how the grader runs test cells against the
+    learner's code in sandboxes (autograder/dpgrader/judge). None restores the default."""
+    global _runner
+    _runner = runner
 
 
 def _check_caller(world_size):
     import torch.distributed as dist
 
+    if os.environ.get("DPCOURSE_GRADED_RANK"):
+        raise RuntimeError("launch cannot start ranks from inside a rank that is being graded")
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
     if world_size > MAX_WORLD_SIZE:
@@ -127,10 +142,41 @@ class Rank:
     exit_status: int = None  # os.waitpid status once reaped
     exit_time: float = None
     report: tuple = None  # ("ok", t, value) or ("error", t, type, message, traceback)
+    control: object = None  # how to poll and signal the process (LocalProcess unless the grader's)
+    output_limit: int = None  # bytes of output relayed; the rest is dropped (the grader sets one)
+    output_bytes: int = 0
+
+    def __post_init__(self):
+        if self.control is None:
+            self.control = LocalProcess(self.pid)
 
     @property
     def alive(self):
         return self.exit_status is None
+
+
+class LocalProcess:
+    """A rank that is this process's child: polled with waitpid, stopped with kill.
+
+    The grader starts its ranks elsewhere (in sandboxes) and hands the launcher an object with
+    the same three methods, so supervision, output relay and failure reports stay one code path.
+    """
+
+    decode = staticmethod(pickle.loads)  # the rank's report: trusted here, the rank is our child
+
+    def __init__(self, pid):
+        self.pid = pid
+
+    def poll(self, block=False):
+        """The wait status once the process has exited, else None."""
+        pid, status = os.waitpid(self.pid, 0 if block else os.WNOHANG)
+        return status if pid else None
+
+    def signal(self, sig):
+        try:
+            os.kill(self.pid, sig)
+        except ProcessLookupError:
+            pass
 
 
 def _start_ranks(fn, args, kwargs, spec, workdir):
@@ -210,7 +256,7 @@ def _spawn_rank(spec, payload, rank_pipes):
                             pass_fds=(msg_w, diag_w), env=env)
 
 
-def _supervise(ranks, deadline, group_timeout):
+def supervise(ranks, deadline, group_timeout):
     """Relay output and collect results until every rank reported, one failed, or time ran out."""
     selector = selectors.DefaultSelector()
     for r in ranks:
@@ -261,7 +307,7 @@ def _pump(selector, timeout):
         elif kind == "msg":
             r.msg += chunk
             if _msg_complete(r):
-                r.report = pickle.loads(r.msg[8:])
+                r.report = r.control.decode(r.msg[8:])
         else:
             r.diag += chunk
 
@@ -284,6 +330,13 @@ def _msg_complete(r):
 
 def _relay(r, chunk):
     """Print whole lines only, each prefixed with its rank, so ranks never interleave mid-line."""
+    if r.output_limit is not None:
+        room = r.output_limit - r.output_bytes
+        r.output_bytes += len(chunk)
+        if room <= 0:
+            return
+        if len(chunk) > room:
+            chunk = chunk[:room] + b"\n... (output cut: more than %d bytes)\n" % r.output_limit
     lines = (r.partial_line + chunk).split(b"\n")
     r.partial_line = lines.pop()
     for line in lines:
@@ -306,11 +359,15 @@ def _flush_partial_lines(ranks):
 def _reap(ranks):
     for r in ranks:
         if r.alive:
-            pid, status = os.waitpid(r.pid, os.WNOHANG)
-            if pid:
-                r.exit_status, r.exit_time = status, time.monotonic()
-                if r.popen is not None:
-                    r.popen.returncode = os.waitstatus_to_exitcode(status)
+            status = r.control.poll()
+            if status is not None:
+                _exited(r, status)
+
+
+def _exited(r, status):
+    r.exit_status, r.exit_time = status, time.monotonic()
+    if r.popen is not None:
+        r.popen.returncode = os.waitstatus_to_exitcode(status)
 
 
 def _failure(ranks, selector, deadline, group_timeout):
@@ -321,7 +378,7 @@ def _failure(ranks, selector, deadline, group_timeout):
     end = time.monotonic() + 2.0
     while time.monotonic() < end and any(_diag_incomplete(r) for r in alive):
         _pump(selector, timeout=0.02)
-    _kill_and_reap(ranks)
+    kill_and_reap(ranks)
     _pump_until_closed(selector, limit=0.5)
     _flush_partial_lines(ranks)
     return describe_failure(ranks, alive, deadline, group_timeout)
@@ -336,20 +393,14 @@ def _diag_incomplete(r):
 
 
 def _signal(r, sig):
-    try:
-        os.kill(r.pid, sig)
-    except ProcessLookupError:
-        pass
+    r.control.signal(sig)
 
 
-def _kill_and_reap(ranks):
+def kill_and_reap(ranks):
     """SIGKILL every rank still alive and wait for it: no zombie, no orphan."""
     for r in ranks:
         if r.alive:
             _signal(r, signal.SIGKILL)
     for r in ranks:
         if r.alive:
-            _, status = os.waitpid(r.pid, 0)
-            r.exit_status, r.exit_time = status, time.monotonic()
-            if r.popen is not None:
-                r.popen.returncode = os.waitstatus_to_exitcode(status)
+            _exited(r, r.control.poll(block=True))

@@ -1,0 +1,245 @@
+"""Run a launch's ranks in sandboxes, talking only through the router: `launch` while grading.
+
+`RankPool` keeps one sandbox per rank index, each holding a warm interpreter (a zygote, see
+dpcourse.runtime.zygote) that forks the rank of every launch. Rank r of a launch runs in
+sandbox r: ranks cannot reach each other (no network, no shared files), only the router in
+this process. The launcher's own supervision (output relay, deadline, failure report naming
+the rank to blame) runs unchanged on these ranks: only polling and signalling go through the
+zygote, and the report a rank writes is decoded as a wire frame, never unpickled.
+
+    pool = RankPool(program_cells, sandboxed=True)
+    with pool.installed():           # every dpcourse.launch in this process now runs here
+        results = launch(fn, 4, x)
+    pool.last_traffic                # per rank: the router's CommOp log of that launch
+"""
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+
+import cloudpickle
+
+from dpcourse.runtime import launcher, wire
+from dpgrader.judge import sandbox
+from dpgrader.judge.router import Router
+
+OUTPUT_LIMIT = 64 * 1024  # bytes of output relayed per rank and launch; the rest is dropped
+_routing = threading.local()
+
+
+@contextlib.contextmanager
+def routing(p2p_only=False, exercise="this exercise"):
+    """Launches inside this block refuse collectives (p2p_only) and name `exercise` when they do."""
+    previous = getattr(_routing, "options", None)
+    _routing.options = {"p2p_only": p2p_only, "exercise": exercise}
+    try:
+        yield
+    finally:
+        _routing.options = previous
+
+
+class Zygote:
+    """One sandbox with a warm interpreter that forks the rank of each launch."""
+
+    def __init__(self, sandboxed):
+        self.control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        command = [sys.executable, "-m", "dpcourse.runtime.zygote", str(theirs.fileno())]
+        if sandboxed:
+            command.append("--sandboxed")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+        for key in ("DPCOURSE_COURSE_ROOT", "DPCOURSE_DB_URL", "NBGRADER_EXECUTION", "JPY_SESSION_NAME"):
+            env.pop(key, None)
+        if sandboxed:
+            self.proc, self.cgroup = sandbox.start(command, pass_fds=[theirs.fileno()], env=env,
+                                                   stdin=subprocess_devnull())
+        else:
+            import subprocess
+
+            self.proc = subprocess.Popen(command, pass_fds=[theirs.fileno()], env=env,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+            self.cgroup = None
+        theirs.close()
+        self.exits, self.ready = {}, False
+
+    def wait_ready(self, timeout=120.0):
+        self.control.settimeout(timeout)
+        try:
+            packet = self.control.recv(4096)
+        except TimeoutError:
+            packet = b""
+        finally:
+            self.control.settimeout(None)
+        if not packet:
+            raise RuntimeError(f"the grading sandbox did not start (exit status {self.proc.poll()})")
+        self.ready = True
+
+    def run(self, spec, fds, payload):
+        message = json.dumps(dict(spec, cmd="run", size=len(payload))).encode()
+        socket.send_fds(self.control, [message], fds)
+        for start in range(0, len(payload), 64 * 1024):
+            self.control.send(payload[start:start + 64 * 1024])
+        return self._read_until(lambda m: "started" in m)["started"]
+
+    def _read_until(self, wanted, timeout=30.0):
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            self.control.settimeout(max(0.01, end - time.monotonic()))
+            try:
+                packet = self.control.recv(4096)
+            except TimeoutError:
+                break
+            finally:
+                self.control.settimeout(None)
+            if not packet:
+                break
+            message = json.loads(packet)
+            if "exited" in message:
+                self.exits[message["exited"]] = message["status"]
+            if wanted(message):
+                return message
+        raise RuntimeError("the grading sandbox stopped answering")
+
+    def pump(self):
+        """Read the zygote's pending messages (exits) without blocking."""
+        self.control.setblocking(False)
+        try:
+            while True:
+                packet = self.control.recv(4096)
+                if not packet:
+                    self.dead = True
+                    return
+                message = json.loads(packet)
+                if "exited" in message:
+                    self.exits[message["exited"]] = message["status"]
+        except BlockingIOError:
+            pass
+        finally:
+            self.control.setblocking(True)
+
+    def send(self, **message):
+        try:
+            self.control.send(json.dumps(message).encode())
+        except OSError:
+            pass
+
+    def close(self):
+        self.control.close()
+        try:
+            self.proc.kill()
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+        if self.cgroup is not None:
+            self.cgroup.remove()
+
+
+def subprocess_devnull():
+    import subprocess
+
+    return subprocess.DEVNULL
+
+
+class RemoteRank:
+    """The launcher's handle on a rank that a zygote forked: poll, signal, decode its report."""
+
+    def __init__(self, zygote, pid):
+        self.zygote, self.pid = zygote, pid
+
+    def poll(self, block=False):
+        end = time.monotonic() + (10.0 if block else 0.0)
+        while True:
+            self.zygote.pump()
+            if self.pid in self.zygote.exits:
+                return self.zygote.exits.pop(self.pid)
+            if getattr(self.zygote, "dead", False) or self.zygote.proc.poll() is not None:
+                return signal.SIGKILL  # the sandbox is gone, and its ranks with it
+            if time.monotonic() >= end:
+                return None
+            time.sleep(0.01)
+
+    def signal(self, sig):
+        self.zygote.send(cmd="signal", pid=self.pid, sig=int(sig))
+
+    @staticmethod
+    def decode(data):
+        head, body = struct.unpack("<II", data[:8])
+        value = wire.decode_value(data[8:8 + head], data[8 + head:8 + head + body])
+        if not isinstance(value, dict) or value.get("status") not in ("ok", "error"):
+            return ("error", time.monotonic(), "ProtocolError", "the rank's report was malformed", "")
+        if value["status"] == "ok":
+            return ("ok", value.get("t", 0.0), value.get("value"))
+        return ("error", value.get("t", 0.0), str(value.get("type")), str(value.get("message")),
+                str(value.get("traceback")))
+
+
+class RankPool:
+    """Sandboxes for the ranks of every launch of one graded notebook."""
+
+    def __init__(self, program, sandboxed=True):
+        self.program, self.sandboxed = list(program), sandboxed
+        self.zygotes, self.last_traffic, self.launches = [], None, 0
+
+    def ensure(self, world_size):
+        new = [Zygote(self.sandboxed) for _ in range(len(self.zygotes), world_size)]
+        for zygote in new:
+            zygote.wait_ready()
+        self.zygotes += new
+
+    @contextlib.contextmanager
+    def installed(self):
+        launcher.use_runner(self.launch)
+        try:
+            yield self
+        finally:
+            launcher.use_runner(None)
+
+    def close(self):
+        for zygote in self.zygotes:
+            zygote.close()
+        self.zygotes = []
+
+    def launch(self, fn, world_size, args, kwargs, *, deadline, group_timeout):
+        """What `dpcourse.launch` does while grading: same results, same errors."""
+        options = getattr(_routing, "options", None) or {"p2p_only": False, "exercise": "this exercise"}
+        self.ensure(world_size)
+        payload = cloudpickle.dumps((self.program, cloudpickle.dumps((fn, args, kwargs))))
+        router_ends, ranks, router = [], [], None
+        try:
+            for rank in range(world_size):
+                ranks.append(self._start(rank, world_size, group_timeout, payload, router_ends))
+            router = Router(router_ends, **options)
+            return launcher.supervise(ranks, deadline, group_timeout)
+        finally:
+            launcher.kill_and_reap(ranks)
+            for zygote in self.zygotes[:world_size]:
+                zygote.send(cmd="clean")
+            for sock in router_ends:
+                sock.close()
+            if router is not None:
+                router.join(2.0)
+                self.last_traffic = [router.ops_of(r) for r in range(world_size)]
+            self.launches += 1
+
+    def _start(self, rank, world_size, group_timeout, payload, router_ends):
+        ours, theirs = socket.socketpair()
+        router_ends.append(ours)
+        pipes = [os.pipe() for _ in range(3)]
+        try:
+            spec = {"rank": rank, "world_size": world_size, "group_timeout": group_timeout}
+            pid = self.zygotes[rank].run(spec, [theirs.fileno(), *(w for _, w in pipes)], payload)
+        except BaseException:
+            for read_end, _ in pipes:
+                os.close(read_end)
+            raise
+        finally:
+            theirs.close()
+            for _, w in pipes:
+                os.close(w)
+        return launcher.Rank(rank, pid, pipes[0][0], pipes[1][0], pipes[2][0],
+                             control=RemoteRank(self.zygotes[rank], pid), output_limit=OUTPUT_LIMIT)

@@ -1,0 +1,145 @@
+"""The grading sandbox: what a process running learner code can see, and how much it may use.
+
+Built on bubblewrap (`bwrap`, Debian's `bubblewrap`): a new mount namespace that holds only the
+operating system's programs and libraries (read-only), the Python environment (read-only) and
+the released course (read-only), with a private /tmp of limited size as the only writable
+place; a new pid namespace whose processes all die with the sandbox (daemons included); no
+network at all; no capabilities (so no limit can be raised from inside). Not visible: the
+solutions, the hidden checks, the gradebook, other students' submissions, the git history.
+
+Limits: processes and memory through a cgroup per sandbox when /sys/fs/cgroup/{pids,memory} is
+writable (as root on Linux), plus rlimits (open files, file size, core dumps) in every case;
+time is bounded by whoever waits for the sandbox (launch deadlines, nbgrader's cell timeout).
+
+`require()` refuses to go on, with a message saying how to fix it, where bwrap is missing or
+cannot start: grading never falls back silently to an unsandboxed run (a learner grading their
+own copy may opt out explicitly: `grade.py --no-sandbox`).
+"""
+
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[3]
+COURSE = REPO / "course"
+LIMITS = {
+    "tmp_bytes": 512 << 20,  # the private /tmp
+    "file_bytes": 256 << 20,  # largest file a process may write
+    "open_files": 1024,
+    "pids": 96,  # processes and threads of one sandbox (a rank and its library threads)
+    "memory_bytes": 4 << 30,  # of one sandbox
+}
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+class SandboxUnavailable(RuntimeError):
+    """The sandbox cannot run here; the message says what to install or change."""
+
+
+def require():
+    """Raise SandboxUnavailable unless a sandbox starts and runs Python here."""
+    if shutil.which("bwrap") is None:
+        raise SandboxUnavailable(
+            "grading runs learner code in a sandbox made with bubblewrap, which is not installed: "
+            "run `sudo make sandbox-deps` (or `sudo apt-get install -y bubblewrap`). To grade your "
+            "own notebook without it, pass --no-sandbox (the report then says it was not sandboxed).")
+    probe = subprocess.run(argv([sys.executable, "-c", "import torch"]), capture_output=True, text=True,
+                           timeout=120)
+    if probe.returncode != 0:
+        raise SandboxUnavailable(
+            f"bubblewrap is installed but a sandbox could not start ({probe.stderr.strip()[-300:]}); "
+            f"it needs user namespaces or root (`sysctl kernel.unprivileged_userns_clone=1`), or "
+            f"pass --no-sandbox to grade your own notebook unsandboxed")
+
+
+def argv(command, *, binds=(), network=False):
+    """The bwrap command line that runs `command` in a fresh sandbox.
+
+    binds: extra (path, writable) pairs to show inside at the same place (a kernel's
+    connection file). network=True keeps the host's loopback (a Jupyter kernel, which its
+    client reaches over TCP); graded ranks get no network at all.
+    """
+    base, prefix = Path(sys.base_prefix).resolve(), Path(sys.prefix)
+    args = ["bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc",
+            "--unshare-uts", "--unshare-cgroup-try", "--cap-drop", "ALL"]
+    if not network:
+        args.append("--unshare-net")
+    for path in ("/usr", "/lib", "/lib64", "/bin", "/sbin", "/etc"):
+        args += ["--ro-bind-try", path, path]
+    for path in {base, prefix, prefix.resolve(), COURSE}:
+        args += ["--ro-bind", str(path), str(path)]
+    args += ["--proc", "/proc", "--dev", "/dev", "--size", str(LIMITS["tmp_bytes"]), "--tmpfs", "/tmp",
+             "--dir", "/tmp/home", "--setenv", "HOME", "/tmp/home", "--setenv", "MPLCONFIGDIR", "/tmp/home",
+             "--setenv", "TMPDIR", "/tmp", "--chdir", "/tmp"]
+    for path, writable in binds:
+        args += ["--bind" if writable else "--ro-bind", str(path), str(path)]
+    return args + ["--", *map(str, command)]
+
+
+def set_rlimits():
+    """preexec_fn of a sandbox: limits that no process inside can raise (it has no capabilities)."""
+    for limit, value in ((resource.RLIMIT_NOFILE, LIMITS["open_files"]),
+                         (resource.RLIMIT_FSIZE, LIMITS["file_bytes"]), (resource.RLIMIT_CORE, 0)):
+        resource.setrlimit(limit, (value, value))
+
+
+class Cgroup:
+    """A pids + memory cgroup (v1 or v2) for one sandbox, removed when the sandbox ends."""
+
+    def __init__(self):
+        self.paths = []
+        name = f"dpcourse-{uuid.uuid4().hex[:12]}"
+        v1 = [(CGROUP_ROOT / "pids", {"pids.max": LIMITS["pids"]}),
+              (CGROUP_ROOT / "memory", {"memory.limit_in_bytes": LIMITS["memory_bytes"],
+                                        "memory.memsw.limit_in_bytes": None})]
+        for controller, settings in v1:
+            if not os.access(controller, os.W_OK):
+                continue
+            path = controller / name
+            try:
+                path.mkdir()
+                for key, value in settings.items():
+                    if value is not None:
+                        (path / key).write_text(str(value))
+            except OSError:
+                continue
+            self.paths.append(path)
+
+    @property
+    def enforced(self):
+        return {p.parent.name for p in self.paths}
+
+    def add(self, pid):
+        for path in self.paths:
+            try:
+                (path / "cgroup.procs").write_text(str(pid))
+            except OSError:
+                pass
+
+    def remove(self):
+        for path in self.paths:
+            try:
+                path.rmdir()
+            except OSError:
+                pass
+
+
+def start(command, *, binds=(), network=False, pass_fds=(), **popen):
+    """Start `command` in a sandbox; return (Popen, Cgroup). Call `cgroup.remove()` after it ends.
+
+    The new process joins the cgroup before it runs bwrap (in preexec_fn), so every process of
+    the sandbox is counted from the first.
+    """
+    cgroup = Cgroup()
+
+    def prepare():
+        set_rlimits()
+        cgroup.add(os.getpid())
+
+    proc = subprocess.Popen(argv(command, binds=binds, network=network), pass_fds=pass_fds,
+                            preexec_fn=prepare, **popen)
+    return proc, cgroup

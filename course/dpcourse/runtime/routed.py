@@ -1,0 +1,251 @@
+"""A process group whose every message goes through the grader's router: how ranks talk while graded.
+
+Why: while grading, the learner's code runs in sandboxed rank processes that cannot reach each
+other at all. The only way out of a rank is one socket to the grader's router, which delivers
+each point-to-point message, computes each collective, refuses collectives in exercises built
+from send/recv (whatever route the learner takes: `dist.*`, the process-group object, a
+sub-group), and counts every message and byte where the learner's code cannot touch the count.
+
+The semantics follow gloo's, so a program behaves here as it does in a notebook: a send
+completes only once the matching receive is posted (every rank sending first deadlocks), a
+wait that nobody answers fails after the group timeout with "Timed out waiting ...", and
+collectives on a group match in the order each rank calls them.
+
+Only the grader uses this module (notebooks use gloo or NCCL through `dpcourse.launch`).
+"""
+
+import datetime
+import itertools
+import socket
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import _create_work_from_future
+from torch.futures import Future
+
+from dpcourse.comm.recorder import ForbiddenCollective
+from dpcourse.runtime import wire
+
+BACKEND = "dpcourse-routed"
+_link = None  # this rank's Link, once joined
+
+
+class Link:
+    """This rank's connection to the router: requests out, replies in, waits bounded."""
+
+    def __init__(self, sock, timeout):
+        self.sock, self.timeout = sock, timeout
+        self.lock, self.pending = threading.Lock(), {}  # seq -> (future, what, deadline, on_reply)
+        self.acks = {}  # seq -> Future of the router's immediate verdict on a collective
+        self.seq = itertools.count(1)
+        threading.Thread(target=self._read, name="dpcourse-router-reader", daemon=True).start()
+        threading.Thread(target=self._watch, name="dpcourse-router-watchdog", daemon=True).start()
+
+    def request(self, header, tensors, what, on_reply, ack=False):
+        """Send one request; return (future completed by the router's reply, ack future or None)."""
+        seq = next(self.seq)
+        future = Future()
+        ack_future = Future() if ack else None
+        with self.lock:
+            self.pending[seq] = (future, what, time.monotonic() + self.timeout, on_reply)
+            if ack_future is not None:
+                self.acks[seq] = ack_future
+            self.sock.sendall(wire.encode(dict(header, seq=seq), tensors))
+        return future, ack_future
+
+    def _read(self):
+        try:
+            while True:
+                frame = wire.read_frame(self.sock)
+                if frame is None:
+                    break
+                header, tensors = frame
+                self._deliver(header, tensors)
+        except (OSError, wire.WireError):
+            pass
+        self._fail_all("the grader's message router closed the connection")
+
+    def _deliver(self, header, tensors):
+        seq = header.get("seq")
+        if header.get("k") == "ack":
+            with self.lock:
+                ack = self.acks.pop(seq, None)
+            if ack is not None:
+                ack.set_result(header.get("refused"))
+            return
+        with self.lock:
+            entry = self.pending.pop(seq, None)
+            ack = self.acks.pop(seq, None)
+        if ack is not None:
+            ack.set_result(None)
+        if entry is None:
+            return
+        future, _, _, on_reply = entry
+        if header.get("k") == "error":
+            future.set_exception(RuntimeError(header.get("msg", "the router refused the call")))
+            return
+        try:
+            future.set_result(on_reply(tensors))
+        except Exception as exc:  # noqa: BLE001 - a mismatch (size, dtype) is the caller's error
+            future.set_exception(exc)
+
+    def _watch(self):
+        """Fail every wait that outlived the group timeout, as gloo does."""
+        while True:
+            time.sleep(0.05)
+            now = time.monotonic()
+            with self.lock:
+                late = [(s, e) for s, e in self.pending.items() if e[2] < now]
+                for seq, _ in late:
+                    del self.pending[seq]
+            for _, (future, what, _, _) in late:
+                future.set_exception(RuntimeError(
+                    f"Timed out waiting {self.timeout * 1000:.0f}ms for {what}"))
+
+    def _fail_all(self, message):
+        with self.lock:
+            entries, self.pending = list(self.pending.values()), {}
+            acks, self.acks = list(self.acks.values()), {}
+        for ack in acks:
+            ack.set_result(message)
+        for future, *_ in entries:
+            future.set_exception(RuntimeError(message))
+
+
+def _work(future):
+    return _create_work_from_future(future)
+
+
+def _copy_into(targets):
+    """A reply handler that copies the router's tensors into `targets` (checking shapes)."""
+    def on_reply(tensors):
+        if len(tensors) != len(targets):
+            raise RuntimeError(f"expected {len(targets)} tensor(s) back, got {len(tensors)}")
+        for target, value in zip(targets, tensors, strict=True):
+            if target.numel() != value.numel():
+                raise RuntimeError(f"message size mismatch: a buffer of {target.numel()} elements "
+                                   f"received {value.numel()}")
+            with torch.no_grad():
+                target.copy_(value.reshape(target.shape).to(target.dtype))
+        return targets
+    return on_reply
+
+
+class RoutedGroup(dist.ProcessGroup):
+    """One process group (the world or a sub-group) whose calls all go to the router."""
+
+    def __init__(self, rank, size, members, name):
+        super().__init__(rank, size)
+        self.members, self.group_name_ = list(members), name
+
+    def getBackendName(self):
+        return BACKEND
+
+    # -- point to point -------------------------------------------------------------------
+    def send(self, tensors, dst, tag=0):
+        peer = self.members[dst]
+        future, _ = _link.request({"k": "send", "group": self.members, "dst": peer, "tag": tag},
+                                  tensors[:1], f"send to rank {peer}", lambda _: tensors)
+        return _work(future)
+
+    def recv(self, tensors, src, tag=0):
+        peer = self.members[src]
+        t = tensors[0]
+        future, _ = _link.request({"k": "recv", "group": self.members, "src": peer, "tag": tag,
+                                   "numel": t.numel()}, (), f"recv from rank {peer}", _copy_into([t]))
+        return _work(future)
+
+    def recv_anysource(self, tensors, tag=0):
+        raise RuntimeError("receiving from any source is not supported while grading: name the sender")
+
+    # -- collectives ------------------------------------------------------------------------
+    def _collective(self, op, inputs, outputs, params=None):
+        header = {"k": "coll", "group": self.members, "op": op, "params": params or {}}
+        future, ack = _link.request(header, inputs, f"{op} on the group of ranks {self.members}",
+                                    _copy_into(outputs), ack=True)
+        refused = ack.wait()
+        if refused:
+            raise ForbiddenCollective(refused)
+        return _work(future)
+
+    def allreduce(self, tensors, opts=None):
+        return self._collective("all_reduce", tensors, tensors, {"reduce": _reduce_op(opts)})
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        return self._collective("all_reduce", tensors, tensors, {"reduce": _reduce_op(opts)})
+
+    def reduce(self, tensors, opts):
+        return self._collective("reduce", tensors, tensors,
+                                {"reduce": _reduce_op(opts), "root": opts.rootRank})
+
+    def broadcast(self, tensors, opts):
+        return self._collective("broadcast", tensors, tensors, {"root": opts.rootRank})
+
+    def barrier(self, opts=None):
+        return self._collective("barrier", [], [])
+
+    def allgather(self, output_lists, inputs, opts=None):
+        outputs = [t for lst in output_lists for t in lst]
+        return self._collective("all_gather", inputs, outputs)
+
+    def _allgather_base(self, output, input, opts=None):
+        return self._collective("all_gather", [input], list(output.chunk(self.size())))
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        return self._collective("all_gather", inputs, [c for o in outputs for c in o.chunk(self.size())])
+
+    def reduce_scatter(self, outputs, input_lists, opts=None):
+        inputs = [t for lst in input_lists for t in lst]
+        return self._collective("reduce_scatter", inputs, outputs, {"reduce": _reduce_op(opts)})
+
+    def _reduce_scatter_base(self, output, input, opts=None):
+        return self._collective("reduce_scatter", list(input.chunk(self.size())), [output],
+                                {"reduce": _reduce_op(opts)})
+
+    def gather(self, output_lists, inputs, opts):
+        outputs = [t for lst in output_lists for t in lst]
+        return self._collective("gather", inputs, outputs, {"root": opts.rootRank})
+
+    def scatter(self, outputs, input_lists, opts):
+        inputs = [t for lst in input_lists for t in lst]
+        return self._collective("scatter", inputs, outputs, {"root": opts.rootRank})
+
+    def alltoall(self, outputs, inputs, opts=None):
+        return self._collective("all_to_all", inputs, outputs)
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        ins = list(input.split(input_split_sizes or [input.shape[0] // self.size()] * self.size()))
+        outs = list(output.split(output_split_sizes or [output.shape[0] // self.size()] * self.size()))
+        return self._collective("all_to_all", ins, outs)
+
+
+def _reduce_op(opts):
+    op = getattr(opts, "reduceOp", dist.ReduceOp.SUM)
+    name = str(getattr(op, "op", op)).rsplit(".", 1)[-1].lower()
+    return name
+
+
+def _create(options, backend_options):
+    members = list(options.global_ranks_in_group or range(options.group_size))
+    return RoutedGroup(options.group_rank, options.group_size, members, str(options.group_id))
+
+
+def join(sock, rank, world_size, group_timeout):
+    """Make `sock` this rank's only way to talk, and initialise the default group over it."""
+    global _link
+    if BACKEND.upper() not in dist.Backend._plugins:
+        dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])
+    _link = Link(sock, group_timeout)
+    # DDP asks the C++ backend to compare parameter shapes across ranks; a Python process group
+    # has no C++ backend, and the check is a convenience, so it is skipped here.
+    import torch.nn.parallel.distributed as ddp
+
+    ddp._verify_param_shape_across_processes = lambda *args, **kwargs: None
+    dist.init_process_group(BACKEND, store=dist.HashStore(), rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=group_timeout))
+
+
+def socket_from_fd(fd):
+    return socket.socket(fileno=fd)

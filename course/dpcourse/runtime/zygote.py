@@ -1,0 +1,235 @@
+"""A warm interpreter inside a grading sandbox that forks one graded rank per request.
+
+Why: the grader runs the learner's code in sandboxes (autograder/dpgrader/judge/sandbox.py) that
+see only the released course and the Python environment. Starting Python and importing torch
+costs seconds, and a hidden check launches ranks dozens of times, so each sandbox holds one of
+these processes, started once with torch imported, and forks a fresh rank from it per launch:
+the learner's code never ran in it, and each rank starts clean.
+
+Control protocol (a SOCK_SEQPACKET socket to the grader, JSON packets):
+  grader -> {"cmd": "run", "rank", "world_size", "group_timeout", "size"} with 4 fds attached
+            (router socket, out, msg and diag pipes), then the payload in packets of at most
+            64 KiB: cloudpickle of (learner program, pickled function, args, kwargs);
+  zygote -> {"started": pid}, later {"exited": pid, "status": wait status};
+  grader -> {"cmd": "signal", "pid", "sig"} and {"cmd": "clean"} (kill every other process of
+            this sandbox's pid namespace: daemons a rank left behind).
+
+Inside a rank: the learner program (the notebook's code cells: imports, definitions,
+assignments; bare expressions and loops are skipped, they are experiments and demos) runs
+first, then the default process group joins the grader's router (dpcourse.runtime.routed),
+then the function runs and its plain result goes back as a wire frame (no pickle on the way
+out: the grader must not unpickle what learner code wrote).
+"""
+
+import ast
+import faulthandler
+import json
+import os
+import selectors
+import signal
+import socket
+import struct
+import sys
+import time
+import traceback
+
+PACKET = 64 * 1024
+_namespace = None  # the learner program's globals, in a graded rank
+_program_errors = []  # what the learner's cells raised while being defined
+
+
+def learner_object(name):
+    """What the learner's code defined under `name` (how the grader's references resolve here)."""
+    if _namespace is None:
+        raise RuntimeError("no learner program in this process")
+    if name not in _namespace:
+        why = f" (your code raised {_program_errors[0]})" if _program_errors else ""
+        raise NameError(f"name '{name}' is not defined{why}")
+    return _namespace[name]
+
+
+class LearnerName:
+    """Stands for a learner-defined name; pickles by name and resolves inside a graded rank."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def __reduce__(self):
+        return learner_object, (self.name,)
+
+
+KEPT_STATEMENTS = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef,
+                   ast.Assign, ast.AnnAssign, ast.AugAssign)
+
+
+def definitions(source):
+    """The statements of a cell that define something, compiled; None if it does not parse."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    tree.body = [node for node in tree.body if isinstance(node, KEPT_STATEMENTS)]
+    return tree
+
+
+def run_program(cells):
+    """Execute the learner program's cells in one fresh namespace, each on its own (as Run All
+    with errors allowed): a cell that raises does not stop the cells after it."""
+    import builtins
+
+    namespace = {"__name__": "__main__", "__builtins__": builtins}
+    for index, source in enumerate(cells):
+        tree = definitions(source)
+        if tree is None:
+            try:
+                compile(source, f"<cell {index}>", "exec")
+            except SyntaxError as exc:
+                _program_errors.append(f"SyntaxError: {exc.msg} (line {exc.lineno})")
+            continue
+        try:
+            exec(compile(tree, f"<cell {index}>", "exec"), namespace)  # noqa: S102 - the learner's code
+        except BaseException as exc:  # noqa: BLE001 - recorded; later cells still run
+            _program_errors.append(f"{type(exc).__name__}: {exc}")
+    return namespace
+
+
+def _rank_main(spec, fds, payload, zygote_pid):
+    """The forked rank: define the learner program, join the router, run, report, exit."""
+    global _namespace
+    router_fd, out_w, msg_w, diag_w = fds
+    code = 1
+    try:
+        from dpcourse.runtime import inside_rank, routed, wire
+
+        inside_rank.die_with_parent(zygote_pid)
+        inside_rank.redirect_output(out_w)
+        import cloudpickle
+        import torch
+
+        torch.set_num_threads(1)
+        faulthandler.register(signal.SIGUSR1, file=os.fdopen(diag_w, "w", closefd=False), all_threads=True)
+        rank, world = spec["rank"], spec["world_size"]
+        os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                          LOCAL_WORLD_SIZE=str(world), DPCOURSE_GRADED_RANK="1")
+        program, function = cloudpickle.loads(payload)
+        _namespace = run_program(program)
+        fn, args, kwargs = cloudpickle.loads(function)
+        routed.join(socket.socket(fileno=router_fd), rank, world, spec["group_timeout"])
+        value = inside_rank.to_cpu(fn(*args, **kwargs))
+        inside_rank.flush_output()
+        try:
+            frame = wire.encode_value({"status": "ok", "t": time.monotonic(), "value": value})
+        except TypeError as exc:
+            frame = _error_frame(wire, "TypeError", str(exc), "")
+        _write(msg_w, frame)
+        code = 0
+    except BaseException as exc:  # noqa: BLE001 - every failure is reported
+        from dpcourse.runtime import wire
+
+        trace = "".join(traceback.format_exception(exc))
+        _write(msg_w, _error_frame(wire, type(exc).__name__, str(exc), trace))
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except Exception:  # noqa: BLE001
+            pass
+        os._exit(code)
+
+
+def _error_frame(wire, kind, message, trace):
+    return wire.encode_value({"status": "error", "t": time.monotonic(), "type": kind,
+                              "message": message, "traceback": trace})
+
+
+def _write(fd, frame):
+    blob = struct.pack("<Q", len(frame)) + frame
+    view = memoryview(blob)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _leftovers(sandboxed):
+    """Processes a rank left behind. In a sandbox (its own pid namespace) that is every process
+    but init and this one; unsandboxed, only those of this zygote's session (never the host's)."""
+    me, mine = os.getpid(), os.getsid(0)
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in (1, me):
+            continue
+        try:
+            if sandboxed or os.getsid(int(entry)) == mine:
+                found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def serve(control, sandboxed):
+    """The zygote's loop: fork ranks on request, report their exits, clean up between launches."""
+    selector = selectors.DefaultSelector()
+    selector.register(control, selectors.EVENT_READ)
+    children = set()
+    while True:
+        for _ in selector.select(0.02):
+            packet, fds, _, _ = socket.recv_fds(control, PACKET, 8)
+            if not packet:
+                return
+            message = json.loads(packet)
+            if message["cmd"] == "run":
+                payload = bytearray()
+                while len(payload) < message["size"]:
+                    payload += control.recv(PACKET)
+                pid = os.fork()
+                if pid == 0:
+                    control.close()
+                    _rank_main(message, fds, bytes(payload), os.getppid())
+                for fd in fds:
+                    os.close(fd)
+                children.add(pid)
+                control.send(json.dumps({"started": pid}).encode())
+            elif message["cmd"] == "signal":
+                if message["pid"] in children:
+                    try:
+                        os.kill(message["pid"], message["sig"])
+                    except ProcessLookupError:
+                        pass
+            elif message["cmd"] == "clean":
+                for pid in _leftovers(sandboxed):
+                    if pid not in children:
+                        try:
+                            os.kill(pid, signal.SIGKILL)
+                        except ProcessLookupError:
+                            pass
+        while children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if not pid:
+                break
+            if pid in children:
+                children.discard(pid)
+                control.send(json.dumps({"exited": pid, "status": status}).encode())
+
+
+def main():
+    control = socket.socket(fileno=int(sys.argv[1]))
+    sandboxed = sys.argv[2:] == ["--sandboxed"]
+    if sandboxed and os.getpid() > 8:  # bwrap --unshare-pid makes us one of the first pids
+        raise SystemExit("--sandboxed given, but this process is not in its own pid namespace")
+    # Warm up what every rank needs, once: torch, the router's process group, cloudpickle.
+    import cloudpickle  # noqa: F401
+    import torch  # noqa: F401
+    import torch._dynamo  # noqa: F401 - optimizers import it; forked ranks inherit it
+
+    from dpcourse.runtime import routed  # noqa: F401
+
+    control.send(json.dumps({"ready": os.getpid()}).encode())
+    serve(control, sandboxed)
+
+
+if __name__ == "__main__":  # run as the module proper, so references to learner_object resolve here
+    from dpcourse.runtime import zygote
+
+    zygote.main()
