@@ -8,8 +8,20 @@ nbgrader from autograder/ (grade.py writes its own copy for a scratch course).
 """
 
 import os
+import pathlib
+
+from nbconvert.preprocessors import ClearMetadataPreprocessor
+from nbgrader.preprocessors import (
+    AssignLatePenalties,
+    CheckCellMetadata,
+    IgnorePattern,
+    LimitOutput,
+    SaveAutoGrades,
+)
 
 from dpcourse.runtime.timeouts import TIMEOUTS
+from dpgrader.judge.kernel import KERNEL_NAME, kernelspec
+from dpgrader.judge.steps import JudgeTestCells, SandboxedExecute
 
 here = os.path.dirname(os.path.abspath(__file__))
 c = get_config()  # provided by traitlets when it loads this file
@@ -46,3 +58,20 @@ c.GenerateFeedback.preprocessors = [
     "nbgrader.preprocessors.GetGrades",
     "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
 ]
+
+# Autograde: the submission's own cells run in a sandboxed kernel (for feedback); every graded
+# test cell is judged by dpgrader.judge in a separate process that never runs learner code, and
+# its verdict becomes the cell's output that nbgrader scores (dpgrader/judge/steps.py).
+# DPCOURSE_SANDBOX=0 (grade.py --no-sandbox) runs the same pipeline without the sandbox.
+SANDBOXED = os.environ.get("DPCOURSE_SANDBOX", "1") != "0"
+c.Autograde.autograde_preprocessors = [
+    SandboxedExecute, JudgeTestCells, IgnorePattern, ClearMetadataPreprocessor, LimitOutput,
+    SaveAutoGrades, AssignLatePenalties, CheckCellMetadata,
+]
+c.JudgeTestCells.source_root = os.path.join(c.CourseDirectory.root, "solutions")
+c.JudgeTestCells.sandbox = SANDBOXED
+if SANDBOXED:
+    c.SandboxedExecute.kernel_name = KERNEL_NAME
+    spec_folder = kernelspec(pathlib.Path(here) / ".jupyter")
+    os.environ["JUPYTER_PATH"] = os.pathsep.join(filter(None, [str(spec_folder),
+                                                               os.environ.get("JUPYTER_PATH")]))

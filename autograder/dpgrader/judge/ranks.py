@@ -20,7 +20,6 @@ import signal
 import socket
 import struct
 import sys
-import threading
 import time
 
 import cloudpickle
@@ -30,18 +29,11 @@ from dpgrader.judge import sandbox
 from dpgrader.judge.router import Router
 
 OUTPUT_LIMIT = 64 * 1024  # bytes of output relayed per rank and launch; the rest is dropped
-_routing = threading.local()
 
 
-@contextlib.contextmanager
-def routing(p2p_only=False, exercise="this exercise"):
-    """Launches inside this block refuse collectives (p2p_only) and name `exercise` when they do."""
-    previous = getattr(_routing, "options", None)
-    _routing.options = {"p2p_only": p2p_only, "exercise": exercise}
-    try:
-        yield
-    finally:
-        _routing.options = previous
+class GraderFailure(Exception):
+    """The grader itself failed (a sandbox did not start): no verdict may be given, grading stops.
+    Not an Exception a test cell catches as a learner's failure: the judge re-raises it."""
 
 
 class Zygote:
@@ -49,7 +41,7 @@ class Zygote:
 
     def __init__(self, sandboxed):
         self.control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        command = [sys.executable, "-m", "dpcourse.runtime.zygote", str(theirs.fileno())]
+        command = [os.path.abspath(sys.executable), "-m", "dpcourse.runtime.zygote", str(theirs.fileno())]
         if sandboxed:
             command.append("--sandboxed")
         env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
@@ -76,7 +68,7 @@ class Zygote:
         finally:
             self.control.settimeout(None)
         if not packet:
-            raise RuntimeError(f"the grading sandbox did not start (exit status {self.proc.poll()})")
+            raise GraderFailure(f"the grading sandbox did not start (exit status {self.proc.poll()})")
         self.ready = True
 
     def run(self, spec, fds, payload):
@@ -103,7 +95,7 @@ class Zygote:
                 self.exits[message["exited"]] = message["status"]
             if wanted(message):
                 return message
-        raise RuntimeError("the grading sandbox stopped answering")
+        raise GraderFailure("the grading sandbox stopped answering")
 
     def pump(self):
         """Read the zygote's pending messages (exits) without blocking."""
@@ -193,7 +185,7 @@ class RankPool:
 
     @contextlib.contextmanager
     def installed(self):
-        launcher.use_runner(self.launch)
+        launcher.use_runner(self)
         try:
             yield self
         finally:
@@ -206,7 +198,7 @@ class RankPool:
 
     def launch(self, fn, world_size, args, kwargs, *, deadline, group_timeout):
         """What `dpcourse.launch` does while grading: same results, same errors."""
-        options = getattr(_routing, "options", None) or {"p2p_only": False, "exercise": "this exercise"}
+        options = launcher.current_options()
         self.ensure(world_size)
         payload = cloudpickle.dumps((self.program, cloudpickle.dumps((fn, args, kwargs))))
         router_ends, ranks, router = [], [], None

@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from dpcourse.comm.recorder import CommRecorder, ForbiddenCollective
+from dpcourse.comm.recorder import CommOp, CommRecorder, ForbiddenCollective
 from dpcourse.runtime.backend import rank_device
 from dpcourse.runtime.inside_rank import to_cpu
-from dpcourse.runtime.launcher import launch
+from dpcourse.runtime.launcher import launch, launch_options, observed_traffic
 from dpcourse.runtime.timeouts import TIMEOUTS
 
 GROUP_TIMEOUT = TIMEOUTS["p2p_deadlock"]  # seconds a blocked send/recv waits: then it is a deadlock
@@ -69,10 +69,11 @@ def run_p2p(fn, inputs, *, exercise, args=(), kwargs=None, reference=None, group
     """Launch len(inputs) ranks; rank r calls fn(inputs[r], *args, **kwargs) with p2p only.
 
     inputs[r] goes to rank r's device and is cloned, so `Call.after` shows what an in-place
-    function did to it. reference="all_reduce" also computes the expected value with
-    `dist.all_reduce` (outside the recorder). groups: lists of world ranks; each rank calls
-    fn with `group=` the group it belongs to. Returns one Call per world rank; raises an
-    AssertionError naming ranks and calls on a deadlock or a collective.
+    function did to it. reference="all_reduce" also gives each Call the expected value: what
+    `dist.all_reduce` leaves (the inputs of the group's ranks added up, worked out here).
+    groups: lists of world ranks; each rank calls fn with `group=` the group it belongs to.
+    Returns one Call per world rank; raises an AssertionError naming ranks and calls on a
+    deadlock or a collective.
     """
     case = dict(inputs=list(inputs), args=tuple(args), kwargs=dict(kwargs or {}), reference=reference,
                 groups=groups, label=label)
@@ -87,11 +88,30 @@ def run_cases(fn, world_size, cases, *, exercise, group_timeout=GROUP_TIMEOUT, d
     reference, groups, label. Yields, case by case, the list of Calls (one per world rank);
     a deadlock or a collective in a case raises when that case is reached, so a caller that
     checks each case as it comes reports the first thing that went wrong.
+
+    What a rank reports is only what the learner's code produced (result, tensor after the
+    call, where it got stuck); who belongs to which group and the expected values are worked
+    out here, in the caller. While grading, each case is a launch of its own and the messages
+    come from the grader's router, which counts them outside the ranks.
     """
+    if observed_traffic() is not None:  # graded: one launch per case, traffic as the router saw it
+        for case in cases:
+            with launch_options(p2p_only=True, exercise=exercise):
+                per_rank = launch(_rank_side, world_size, fn, [case], exercise, group_timeout=group_timeout,
+                                  deadline=deadline)
+            traffic = observed_traffic()
+            for reports in per_rank:
+                if reports:
+                    reports[0]["ops"] = None
+            calls = _calls_of(case, [r[0] if r else None for r in per_rank], traffic)
+            _raise_problems(calls, exercise, case.get("label"), group_timeout)
+            yield calls
+        return
     per_rank = launch(_rank_side, world_size, fn, cases, exercise, group_timeout=group_timeout,
                       deadline=deadline)
     for index, case in enumerate(cases):
-        calls = [rank_calls[index] if index < len(rank_calls) else None for rank_calls in per_rank]
+        reports = [rank_reports[index] if index < len(rank_reports) else None for rank_reports in per_rank]
+        calls = _calls_of(case, reports, None)
         _raise_problems(calls, exercise, case.get("label"), group_timeout)
         yield calls
 
@@ -101,29 +121,67 @@ def world_peer(op):
     return op.world_peer
 
 
-def _rank_side(fn, cases, exercise):
-    """Runs on every rank: each case in order, stopping at the first one that went wrong."""
-    rank, calls = dist.get_rank(), []
-    for case in cases:
-        group, members = _make_group(case.get("groups"), rank)
+def _members_of(case, rank, world_size):
+    groups = case.get("groups")
+    if groups is None:
+        return list(range(world_size))
+    return next((list(m) for m in groups if rank in m), None)
+
+
+def _calls_of(case, reports, traffic):
+    """One Call per world rank: membership and expected values from the case, the rest reported."""
+    world_size = len(reports)
+    calls = []
+    for rank, report in enumerate(reports):
+        members = _members_of(case, rank, world_size)
         call = Call(rank, None)
         calls.append(call)
-        if members is None:
+        if members is None or report is None:
             continue
         call.group_rank, call.group_members = members.index(rank), members
+        call.result, call.after = report.get("result"), report.get("after")
+        call.stuck, call.forbidden = report.get("stuck"), report.get("forbidden")
+        if traffic is not None:
+            call.ops = list(traffic[rank])
+        else:
+            call.ops = [CommOp(*fields) for fields in report.get("ops") or ()]
+        if case.get("reference") == "all_reduce":
+            call.expected = _sum_over(case["inputs"], members)
+    return calls
+
+
+def _sum_over(inputs, members):
+    """What dist.all_reduce (SUM) leaves on every member: the inputs added in member order."""
+    total = inputs[members[0]].detach().cpu().clone()
+    for m in members[1:]:
+        total = total + inputs[m].detach().cpu()
+    return total
+
+
+def _rank_side(fn, cases, exercise):
+    """Runs on every rank: each case in order, stopping at the first one that went wrong.
+
+    Reports plain values only (what the learner's function returned, its first argument after
+    the call, where it got stuck, its calls as the in-rank recorder saw them).
+    """
+    rank, reports = dist.get_rank(), []
+    for case in cases:
+        group, members = _make_group(case.get("groups"), rank)
+        if members is None:
+            reports.append({})
+            continue
+        report = {}
+        reports.append(report)
         x = _to_device(case["inputs"][rank])
         kwargs = dict(case.get("kwargs") or {})
         if case.get("groups") is not None:
             kwargs["group"] = group
-        if case.get("reference") == "all_reduce":
-            call.expected = x.clone()
-            dist.all_reduce(call.expected, group=group)
         recorder = CommRecorder(p2p_only=True, exercise=exercise)
         try:
             with recorder:
-                call.result = fn(x, *case.get("args", ()), **kwargs)
+                report["result"] = fn(x, *case.get("args", ()), **kwargs)
         except ForbiddenCollective as exc:
-            call.forbidden = str(exc)
+            report["forbidden"] = str(exc)
         except Exception as exc:  # a timeout or a vanished peer is a deadlock; anything else is a bug
             if isinstance(exc, RuntimeError) and "Pair is not connected" in str(exc):
                 raise RuntimeError(f"{exercise}: rank {rank} sent to or received from itself (gloo: \"Pair "
@@ -131,12 +189,12 @@ def _rank_side(fn, cases, exercise):
                                    f"rank there is nobody to talk to") from exc
             if not (isinstance(exc, RuntimeError) and WAITED.search(str(exc))):
                 raise
-            call.stuck = _blocked_in(exc, recorder.ops)
-        call.ops = recorder.ops
-        call.result, call.after, call.expected = to_cpu(call.result), to_cpu(x), to_cpu(call.expected)
-        if call.stuck or call.forbidden:
+            report["stuck"] = _blocked_in(exc, recorder.ops)
+        report["ops"] = [[o.op, o.peer, o.nbytes, o.start, o.end, o.group] for o in recorder.ops]
+        report["result"], report["after"] = to_cpu(report.get("result")), to_cpu(x)
+        if report.get("stuck") or report.get("forbidden"):
             break  # peers will not match the next case's calls: stop here, report this one
-    return calls
+    return reports
 
 
 def _make_group(groups, rank):

@@ -171,7 +171,8 @@ def _trim_traceback(text):
     for line in text.rstrip().splitlines():
         if line.startswith("  File "):
             skipping = any(p in line for p in ("dpcourse/runtime/inside_rank.py",
-                                                "dpcourse/runtime/launcher.py",
+                                                "dpcourse/runtime/zygote.py",
+                                                "dpcourse/runtime/launcher.py", "dpcourse/checks/ranks.py",
                                                 "torch/distributed/c10d_logger.py", "dpgrader/"))
         elif not line.startswith("    "):
             skipping = False
@@ -180,6 +181,7 @@ def _trim_traceback(text):
     return out
 
 
+BOTTOM_FILES = ("dpcourse/runtime/inside_rank.py", "dpcourse/runtime/zygote.py")  # where a rank starts
 FRAME = re.compile(r'File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 
 
@@ -189,7 +191,7 @@ def _stack(r):
     for section in sections:
         frames = [m.groupdict() for m in FRAME.finditer(section)]
         for i, f in enumerate(frames):
-            if f["path"].endswith("dpcourse/runtime/inside_rank.py"):
+            if f["path"].endswith(BOTTOM_FILES):
                 return frames[:i]
     return []
 

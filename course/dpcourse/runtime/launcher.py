@@ -20,6 +20,7 @@ rank, and neither bounds a hang. This launcher:
     (nbgrader scores a test cell 0 if it writes to stderr).
 """
 
+import contextlib
 import json
 import os
 import pickle
@@ -31,6 +32,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -61,7 +63,7 @@ def launch(fn, world_size, *args, backend=None, deadline=None, group_timeout=Non
     deadline = _seconds("DPCOURSE_DEADLINE", deadline, DEFAULT_DEADLINE)
     group_timeout = _seconds("DPCOURSE_GROUP_TIMEOUT", group_timeout, DEFAULT_GROUP_TIMEOUT)
     if _runner is not None:
-        return _runner(fn, world_size, args, kwargs, deadline=deadline, group_timeout=group_timeout)
+        return _runner.launch(fn, world_size, args, kwargs, deadline=deadline, group_timeout=group_timeout)
     backend = resolve_backend(world_size, backend)
     workdir = tempfile.mkdtemp(prefix="dpcourse-")
     ranks = []
@@ -76,14 +78,38 @@ def launch(fn, world_size, *args, backend=None, deadline=None, group_timeout=Non
 
 
 _runner = None  # the grader's own way to run ranks (sandboxed, routed), installed in its process
+_options = threading.local()
 
 
 def use_runner(runner):
-    """Make every `launch` in this process call `runner(fn, world_size, args, kwargs, deadline=,
-    group_timeout=)` instead of forking ranks here: how the grader runs test cells against the
-    learner's code in sandboxes (autograder/dpgrader/judge). None restores the default."""
+    """Make every `launch` in this process call `runner.launch(fn, world_size, args, kwargs,
+    deadline=, group_timeout=)` instead of forking ranks here: how the grader runs test cells
+    against the learner's code in sandboxes (autograder/dpgrader/judge). None restores forking.
+    The runner's `last_traffic` (per rank, the calls it saw) is what `observed_traffic` returns."""
     global _runner
     _runner = runner
+
+
+def observed_traffic():
+    """Per rank, the communication calls of the last launch as the grader's router saw them
+    (CommOp lists); None when ranks run here (then each rank records its own)."""
+    return None if _runner is None else _runner.last_traffic
+
+
+@contextlib.contextmanager
+def launch_options(p2p_only=False, exercise="this exercise"):
+    """Launches in this block are for an exercise built from send/recv only: the grader's router
+    refuses their collectives (in a notebook the ranks' own recorder does it)."""
+    previous = getattr(_options, "value", None)
+    _options.value = {"p2p_only": p2p_only, "exercise": exercise}
+    try:
+        yield
+    finally:
+        _options.value = previous
+
+
+def current_options():
+    return getattr(_options, "value", None) or {"p2p_only": False, "exercise": "this exercise"}
 
 
 def _check_caller(world_size):
@@ -384,7 +410,7 @@ def _failure(ranks, selector, deadline, group_timeout):
     return describe_failure(ranks, alive, deadline, group_timeout)
 
 
-BOTTOM_FRAME = re.compile(rb'inside_rank\.py", line \d+ in \w+\n')
+BOTTOM_FRAME = re.compile(rb'(inside_rank|zygote)\.py", line \d+ in \w+\n')
 
 
 def _diag_incomplete(r):

@@ -26,10 +26,11 @@ def encode(header, tensors=()):
     """One frame: 8-byte lengths, the JSON header, then each tensor's bytes (contiguous, CPU)."""
     blobs, specs = [], []
     for t in tensors:
-        t = t.detach().to("cpu").contiguous()
+        t = t.detach().to("cpu")
         if str(t.dtype).removeprefix("torch.") not in DTYPES:
             raise TypeError(f"tensors of dtype {t.dtype} cannot be sent while grading")
-        blob = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        dense = torch.empty(t.shape, dtype=t.dtype).copy_(t).reshape(-1)  # standard strides
+        blob = dense.view(torch.uint8).numpy().tobytes() if t.numel() else b""
         specs.append([str(t.dtype).removeprefix("torch."), list(t.shape), len(blob)])
         blobs.append(blob)
     head = json.dumps(dict(header, tensors=specs)).encode()

@@ -58,6 +58,30 @@ class LearnerName:
         return learner_object, (self.name,)
 
 
+def call_learner(name, args, kwargs):
+    """A direct call of the learner's `name` (a one-rank launch while grading): the plain result,
+    and what the call left in each tensor or module argument (the grader copies it back)."""
+    result = learner_object(name)(*args, **kwargs)
+    return {"result": result, "args": [state_of(a) for a in args],
+            "kwargs": {k: state_of(v) for k, v in kwargs.items()}}
+
+
+def state_of(value):
+    """A tensor's values, a module's parameters, buffers and gradients, or lists of these."""
+    import torch
+
+    if isinstance(value, torch.nn.Module):
+        return {"parameters": {n: p.detach().clone() for n, p in value.named_parameters()},
+                "buffers": {n: b.detach().clone() for n, b in value.named_buffers()},
+                "grads": {n: p.grad.detach().clone() for n, p in value.named_parameters()
+                          if p.grad is not None}}
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if type(value) in (list, tuple):
+        return [state_of(v) for v in value]
+    return None
+
+
 KEPT_STATEMENTS = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef,
                    ast.Assign, ast.AnnAssign, ast.AugAssign)
 

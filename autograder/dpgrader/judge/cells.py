@@ -1,0 +1,133 @@
+"""Judge a submission's test cells in a process where the learner's code never runs.
+
+    python -m dpgrader.judge.cells SOURCE.ipynb SUBMISSION.ipynb [--no-sandbox] [--only ID,ID] [--out F]
+
+writes one JSON object to --out (stdout by default):
+{grade_id: {"passed", "output", "ename", "evalue", "seconds"}}.
+
+How: this process reads the instructor's notebook (SOURCE, from solutions/: test cells with
+their hidden parts) and the learner's (SUBMISSION). It runs the instructor's code cells in its
+own namespace, in notebook order -- setup cells as they are, each graded test cell under a
+capture of its output -- with the learner's names bound to stand-ins (`LearnerProxy`). Every
+`launch` runs in sandboxed ranks (`RankPool`) that execute the learner's program; checks,
+expected values and the verdict stay here. So nothing the learner's code does -- patching
+modules or builtins, IPython hooks, emptying cells, objects that compare equal to anything --
+can reach a verdict: it only ever sees plain values coming back.
+
+Cells tagged `demo` are skipped (no test cell may depend on them).
+"""
+
+import argparse
+import contextlib
+import io
+import json
+import pkgutil
+import sys
+import time
+import traceback
+
+import cloudpickle
+import nbformat
+
+import dpgrader
+from dpgrader.judge.learner import (
+    LearnerProxy,
+    defined_names,
+    is_demo,
+    is_graded_test,
+    nbgrader_meta,
+    program_cells,
+    solution_names,
+)
+from dpgrader.judge.ranks import GraderFailure, RankPool
+
+OUTPUT_CHARS = 20_000  # of one test cell's output kept for feedback
+
+
+def _pickle_hidden_checks_by_value():
+    """Functions of the hidden checks travel to the ranks by value: the sandboxes cannot import dpgrader."""
+    import importlib
+
+    for module in pkgutil.walk_packages(dpgrader.__path__, "dpgrader."):
+        if ".judge" not in module.name:
+            cloudpickle.register_pickle_by_value(importlib.import_module(module.name))
+
+
+def judge(source, submission, sandboxed=True, only=None):
+    """{grade_id: verdict} for the graded test cells of `source`, judged against `submission`."""
+    _pickle_hidden_checks_by_value()
+    namespace = {"__name__": "__main__"}
+    for name in defined_names(submission, source) | solution_names(source):
+        namespace[name] = LearnerProxy(name)
+    verdicts = {}
+    pool = RankPool(program_cells(submission), sandboxed=sandboxed)
+    try:
+        with pool.installed():
+            for cell in source.cells:
+                if cell.cell_type != "code" or is_demo(cell) or nbgrader_meta(cell).get("solution"):
+                    continue
+                if is_graded_test(cell):
+                    grade_id = nbgrader_meta(cell)["grade_id"]
+                    if only is None or grade_id in only:
+                        verdicts[grade_id] = _run_test_cell(cell.source, namespace)
+                else:
+                    _run_setup_cell(cell.source, namespace)
+    finally:
+        pool.close()
+    return verdicts
+
+
+def _run_setup_cell(source, namespace):
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        try:
+            exec(compile(source, "<setup cell>", "exec"), namespace)  # noqa: S102 - instructor code
+        except Exception:  # noqa: BLE001 - a setup cell that needs a demo's result: tests will say
+            pass
+
+
+def _run_test_cell(source, namespace):
+    out, err = io.StringIO(), io.StringIO()
+    start = time.monotonic()
+    verdict = {"passed": True, "ename": None, "evalue": None}
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            exec(compile(source, "<test cell>", "exec"), namespace)  # noqa: S102 - instructor code
+        except GraderFailure:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the verdict
+            if isinstance(exc.__context__, GraderFailure) or isinstance(exc.__cause__, GraderFailure):
+                raise exc.__cause__ or exc.__context__ from None
+            verdict.update(passed=False, ename=type(exc).__name__, evalue=str(exc))
+            if not isinstance(exc, (AssertionError,)) and type(exc).__module__.startswith("dpgrader"):
+                verdict["evalue"] += "\n" + traceback.format_exc(limit=3)
+    if verdict["passed"] and err.getvalue().strip():
+        verdict.update(passed=False, ename="Stderr",
+                       evalue="the test wrote to stderr, which nbgrader scores 0:\n" + err.getvalue()[:2000])
+    verdict["output"] = out.getvalue()[:OUTPUT_CHARS]
+    verdict["seconds"] = round(time.monotonic() - start, 3)
+    return verdict
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("source")
+    parser.add_argument("submission")
+    parser.add_argument("--no-sandbox", action="store_true")
+    parser.add_argument("--only", help="comma-separated grade ids")
+    parser.add_argument("--out", help="write the verdicts here (default: stdout)")
+    args = parser.parse_args(argv)
+    source = nbformat.read(args.source, as_version=4)
+    submission = nbformat.read(args.submission, as_version=4)
+    only = set(args.only.split(",")) if args.only else None
+    verdicts = judge(source, submission, sandboxed=not args.no_sandbox, only=only)
+    text = json.dumps(verdicts)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
