@@ -55,8 +55,16 @@ def read_notebook(path):
                            ) from None
 
 
-def grade(notebooks, assignment=None, keep=None):
-    """Grade notebooks; return one result dict per notebook, in order."""
+def grade(notebooks, assignment=None, keep=None, sandboxed=True):
+    """Grade notebooks; return one result dict per notebook, in order.
+
+    sandboxed=False runs the learner's code without the sandbox (a learner grading their own copy
+    on a machine without bubblewrap); each result then says so ("sandboxed": false).
+    """
+    if sandboxed:
+        from dpgrader.judge.sandbox import require
+
+        require()
     results = [None] * len(notebooks)
     groups = {}
     for i, nb in enumerate(notebooks):
@@ -67,13 +75,15 @@ def grade(notebooks, assignment=None, keep=None):
             results[i] = {"notebook": str(nb), "assignment": assignment, "error": str(exc),
                           "score": 0.0, "max_score": None, "cells": []}
     for name, indices in groups.items():
-        for i, result in zip(indices, _grade_assignment(name, [notebooks[i] for i in indices], keep),
-                             strict=True):
+        graded = _grade_assignment(name, [notebooks[i] for i in indices], keep, sandboxed)
+        for i, result in zip(indices, graded, strict=True):
             results[i] = result
+    for result in results:
+        result["sandboxed"] = sandboxed
     return results
 
 
-def _grade_assignment(assignment, notebooks, keep):
+def _grade_assignment(assignment, notebooks, keep, sandboxed=True):
     root = Path(keep or tempfile.mkdtemp(prefix="dpcourse-grade-"))
     try:
         shutil.copytree(SOLUTIONS / assignment, root / "solutions" / assignment, dirs_exist_ok=True)
@@ -83,7 +93,7 @@ def _grade_assignment(assignment, notebooks, keep):
             target.mkdir(parents=True, exist_ok=True)
             shutil.copy(nb, target / _source_name(assignment, nb))
         env = dict(os.environ, DPCOURSE_COURSE_ROOT=str(root),
-                   DPCOURSE_DB_URL=f"sqlite:///{root / 'gradebook.db'}")
+                   DPCOURSE_DB_URL=f"sqlite:///{root / 'gradebook.db'}", DPCOURSE_SANDBOX=str(int(sandboxed)))
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
         log = _nbgrader(["generate_assignment", assignment, "--force"], env)
         log += _nbgrader(["autograde", assignment, "--force"], env)
@@ -106,6 +116,13 @@ def _nbgrader(args, env):
 
 
 def _collect(root, assignment, student, notebook, log):
+    """One notebook's result, with every graded cell the assignment has, from the gradebook.
+
+    The maximum is the assignment's (a test cell the learner deleted or emptied still counts,
+    at 0 points, and says so); a notebook with no graded cell at all is an error, not 0/0.
+    Written answers are reported as graded by hand (points None) whatever the gradebook holds:
+    only the instructor gives those points.
+    """
     from nbgrader.api import Gradebook, MissingEntry
 
     name = _source_name(assignment, notebook)
@@ -117,34 +134,51 @@ def _collect(root, assignment, student, notebook, log):
             submission = gb.find_submission_notebook(Path(name).stem, assignment, student)
         except MissingEntry:
             submission = None
+        result["max_score"] = _max_score(gb, assignment, name)
         if submission is None or not graded_path.exists():
             result["error"] = "nbgrader could not autograde this notebook:\n" + _log_errors(log)
-            result["max_score"] = _max_score(gb, assignment, name)
             return result
         grades = {g.name: g for g in submission.grades}
-        graded = nbformat.read(graded_path, as_version=4)
-        for cell in graded.cells:
-            meta = cell.metadata.get("nbgrader", {})
-            if meta.get("grade") and meta.get("grade_id") in grades:
-                result["cells"].append(_cell_result(cell, grades[meta["grade_id"]]))
-        result["score"] = float(sum(c["points"] or 0 for c in result["cells"]))
-        result["max_score"] = float(sum(c["max_points"] for c in result["cells"]))
+        graded = {c.metadata.get("nbgrader", {}).get("grade_id"): c
+                  for c in nbformat.read(graded_path, as_version=4).cells
+                  if c.metadata.get("nbgrader", {}).get("grade")}
+        for grade_cell in _grade_cells(gb, assignment, name):
+            cell, grade = graded.get(grade_cell.name), grades.get(grade_cell.name)
+            result["cells"].append(_cell_result(grade_cell, cell, grade))
+    if not graded:
+        result["error"] = (f"{notebook} has none of the graded cells of {assignment}: it scores 0. Is it "
+                           f"the assignment's notebook, saved completely? Start again from course/.")
+    result["score"] = float(sum(c["points"] or 0 for c in result["cells"]))
     return result
 
 
-def _cell_result(cell, grade):
-    """One graded cell. `manual` cells (written answers) are graded by hand: an untouched answer
-    gets 0 from nbgrader, an edited one gets points None until the instructor grades it."""
-    points = grade.score if grade.auto_score is not None or grade.manual_score is not None else None
-    manual = bool(cell.metadata.get("nbgrader", {}).get("solution"))
-    return {"grade_id": grade.name, "points": points, "max_points": grade.max_score,
-            "manual": manual, "message": _message(cell, points, grade.max_score)}
+def _grade_cells(gb, assignment, name):
+    """The assignment's graded cells in notebook order, as generate_assignment recorded them."""
+    notebook = gb.find_notebook(Path(name).stem, assignment)
+    order = {c.name: i for i, c in enumerate(notebook.source_cells)}
+    return sorted(notebook.grade_cells, key=lambda c: order.get(c.name, len(order)))
+
+
+def _cell_result(grade_cell, cell, grade):
+    manual = grade_cell.cell_type == "markdown" or bool(getattr(grade_cell, "solution", False))
+    if cell is None or grade is None:
+        return {"grade_id": grade_cell.name, "points": None if manual else 0.0,
+                "max_points": grade_cell.max_score, "manual": manual,
+                "message": f"this graded cell is missing from the notebook (deleted or its metadata "
+                           f"edited): 0 of its {grade_cell.max_score:g} points. Restore it from course/."}
+    if manual:
+        return {"grade_id": grade_cell.name, "points": None, "max_points": grade_cell.max_score,
+                "manual": True, "message": _message(cell, None, grade_cell.max_score)}
+    points = grade.auto_score if grade.auto_score is not None else 0.0
+    return {"grade_id": grade_cell.name, "points": points, "max_points": grade_cell.max_score,
+            "manual": False, "message": _message(cell, points, grade_cell.max_score)}
 
 
 def _message(cell, points, max_points):
     if cell.metadata.get("nbgrader", {}).get("solution"):
-        return ("answer graded by hand by the instructor" if points is None
-                else "answer unchanged: write your answer (graded by hand)")
+        unchanged = "YOUR ANSWER HERE" in cell.source
+        return ("answer unchanged: write your answer (graded by hand)" if unchanged
+                else "answer graded by hand by the instructor")
     for out in cell.get("outputs", []):
         if out.output_type == "error":
             text = f"{out.ename}: {out.evalue}".strip().splitlines()
@@ -180,6 +214,8 @@ def print_table(result):
             print(f"  {'':<40} {'':>4}     {line}")
     max_score = result["max_score"]
     print(f"  score: {result['score']:g} / {max_score:g}" if max_score is not None else "  score: 0")
+    if not result.get("sandboxed", True):
+        print("  (graded without the sandbox: --no-sandbox)")
 
 
 def main(argv=None):
@@ -188,8 +224,17 @@ def main(argv=None):
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--assignment", help="assignment name (default: found from the file name)")
     parser.add_argument("--keep", help="grade in this folder and keep it (to inspect nbgrader's work)")
+    parser.add_argument("--no-sandbox", action="store_true",
+                        help="run your code without the grading sandbox (when bubblewrap is missing); "
+                             "the report says so")
     args = parser.parse_args(argv)
-    results = grade(args.notebooks, args.assignment, args.keep)
+    try:
+        results = grade(args.notebooks, args.assignment, args.keep, sandboxed=not args.no_sandbox)
+    except Exception as exc:  # noqa: BLE001 - SandboxUnavailable and friends: say why, exit 2
+        if type(exc).__name__ != "SandboxUnavailable":
+            raise
+        print(f"grading refused: {exc}", file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps(results[0] if len(results) == 1 else results, indent=2))
     else:
