@@ -27,7 +27,6 @@ import time
 import traceback
 
 import cloudpickle
-import nbformat
 
 import dpgrader
 from dpgrader.judge.learner import (
@@ -37,11 +36,13 @@ from dpgrader.judge.learner import (
     is_graded_test,
     nbgrader_meta,
     program_cells,
+    read_notebook,
     solution_names,
 )
 from dpgrader.judge.ranks import GraderFailure, RankPool
 
 OUTPUT_CHARS = 20_000  # of one test cell's output kept for feedback
+PRESTART = 4  # sandboxes started at once, while the judge reads the notebooks (most tests use <= 4 ranks)
 
 
 def _pickle_hidden_checks_by_value():
@@ -55,12 +56,12 @@ def _pickle_hidden_checks_by_value():
 
 def judge(source, submission, sandboxed=True, only=None):
     """{grade_id: verdict} for the graded test cells of `source`, judged against `submission`."""
+    pool = RankPool(program_cells(submission), sandboxed=sandboxed, prestart=PRESTART)
     _pickle_hidden_checks_by_value()
     namespace = {"__name__": "__main__"}
     for name in defined_names(submission, source) | solution_names(source):
         namespace[name] = LearnerProxy(name)
     verdicts = {}
-    pool = RankPool(program_cells(submission), sandboxed=sandboxed)
     try:
         with pool.installed():
             for cell in source.cells:
@@ -116,8 +117,7 @@ def main(argv=None):
     parser.add_argument("--only", help="comma-separated grade ids")
     parser.add_argument("--out", help="write the verdicts here (default: stdout)")
     args = parser.parse_args(argv)
-    source = nbformat.read(args.source, as_version=4)
-    submission = nbformat.read(args.submission, as_version=4)
+    source, submission = read_notebook(args.source), read_notebook(args.submission)
     only = set(args.only.split(",")) if args.only else None
     verdicts = judge(source, submission, sandboxed=not args.no_sandbox, only=only)
     text = json.dumps(verdicts)

@@ -39,7 +39,7 @@ class GraderFailure(Exception):
 class Zygote:
     """One sandbox with a warm interpreter that forks the rank of each launch."""
 
-    def __init__(self, sandboxed):
+    def __init__(self, sandboxed, shared=False):
         self.control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         command = [os.path.abspath(sys.executable), "-m", "dpcourse.runtime.zygote", str(theirs.fileno())]
         if sandboxed:
@@ -49,7 +49,7 @@ class Zygote:
             env.pop(key, None)
         if sandboxed:
             self.proc, self.cgroup = sandbox.start(command, pass_fds=[theirs.fileno()], env=env,
-                                                   stdin=subprocess_devnull())
+                                                   keep_capabilities=shared, stdin=subprocess_devnull())
         else:
             import subprocess
 
@@ -173,15 +173,24 @@ class RemoteRank:
 class RankPool:
     """Sandboxes for the ranks of every launch of one graded notebook."""
 
-    def __init__(self, program, sandboxed=True):
+    def __init__(self, program, sandboxed=True, prestart=0):
         self.program, self.sandboxed = list(program), sandboxed
-        self.zygotes, self.last_traffic, self.launches = [], None, 0
+        # As root, every rank shares one sandbox and the zygote isolates each rank it forks;
+        # otherwise (bwrap through user namespaces) each rank index gets a sandbox of its own.
+        self.shared = sandboxed and sandbox.can_isolate_ranks()
+        self.last_traffic, self.launches = None, 0
+        count = 1 if self.shared else prestart
+        self.zygotes = [Zygote(sandboxed, self.shared) for _ in range(count)]  # they warm up meanwhile
+
+    def zygote_of(self, rank):
+        return self.zygotes[0 if self.shared else rank]
 
     def ensure(self, world_size):
-        new = [Zygote(self.sandboxed) for _ in range(len(self.zygotes), world_size)]
-        for zygote in new:
-            zygote.wait_ready()
-        self.zygotes += new
+        wanted = 1 if self.shared else world_size
+        self.zygotes += [Zygote(self.sandboxed) for _ in range(len(self.zygotes), wanted)]
+        for zygote in self.zygotes[:wanted]:
+            if not zygote.ready:
+                zygote.wait_ready()
 
     @contextlib.contextmanager
     def installed(self):
@@ -209,7 +218,7 @@ class RankPool:
             return launcher.supervise(ranks, deadline, group_timeout)
         finally:
             launcher.kill_and_reap(ranks)
-            for zygote in self.zygotes[:world_size]:
+            for zygote in self.zygotes[:1 if self.shared else world_size]:
                 zygote.send(cmd="clean")
             for sock in router_ends:
                 sock.close()
@@ -223,8 +232,9 @@ class RankPool:
         router_ends.append(ours)
         pipes = [os.pipe() for _ in range(3)]
         try:
-            spec = {"rank": rank, "world_size": world_size, "group_timeout": group_timeout}
-            pid = self.zygotes[rank].run(spec, [theirs.fileno(), *(w for _, w in pipes)], payload)
+            spec = {"rank": rank, "world_size": world_size, "group_timeout": group_timeout,
+                    "isolate": self.shared}
+            pid = self.zygote_of(rank).run(spec, [theirs.fileno(), *(w for _, w in pipes)], payload)
         except BaseException:
             for read_end, _ in pipes:
                 os.close(read_end)
@@ -234,4 +244,4 @@ class RankPool:
             for _, w in pipes:
                 os.close(w)
         return launcher.Rank(rank, pid, pipes[0][0], pipes[1][0], pipes[2][0],
-                             control=RemoteRank(self.zygotes[rank], pid), output_limit=OUTPUT_LIMIT)
+                             control=RemoteRank(self.zygote_of(rank), pid), output_limit=OUTPUT_LIMIT)

@@ -30,8 +30,8 @@ LIMITS = {
     "tmp_bytes": 512 << 20,  # the private /tmp
     "file_bytes": 256 << 20,  # largest file a process may write
     "open_files": 1024,
-    "pids": 96,  # processes and threads of one sandbox (a rank and its library threads)
-    "memory_bytes": 4 << 30,  # of one sandbox
+    "pids": 512,  # processes and threads of one sandbox (up to 8 ranks and their library threads)
+    "memory_bytes": 8 << 30,  # of one sandbox
 }
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -56,21 +56,30 @@ def require():
             f"pass --no-sandbox to grade your own notebook unsandboxed")
 
 
-def argv(command, *, binds=(), network=False):
+def argv(command, *, binds=(), network=False, keep_capabilities=False):
     """The bwrap command line that runs `command` in a fresh sandbox.
 
     binds: extra (path, writable) pairs to show inside at the same place (a kernel's
     connection file). network=True keeps the host's loopback (a Jupyter kernel, which its
-    client reaches over TCP); graded ranks get no network at all.
+    client reaches over TCP); graded ranks get no network at all. keep_capabilities: for the
+    grader's own warm interpreter, which isolates each rank it forks and then drops root
+    before any learner code runs (dpcourse.runtime.zygote.isolate).
     """
     base, prefix = Path(sys.base_prefix).resolve(), Path(sys.prefix)
     args = ["bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc",
-            "--unshare-uts", "--unshare-cgroup-try", "--cap-drop", "ALL"]
+            "--unshare-uts", "--unshare-cgroup-try"]
+    if not keep_capabilities:
+        args += ["--cap-drop", "ALL"]
     if not network:
         args.append("--unshare-net")
     for path in ("/usr", "/lib", "/lib64", "/bin", "/sbin", "/etc"):
         args += ["--ro-bind-try", path, path]
-    for path in {base, prefix, prefix.resolve(), COURSE}:
+    shown = sorted({base, prefix, prefix.resolve(), COURSE})
+    parents = sorted({a for p in shown for a in p.parents if str(a) != "/"} - set(shown),
+                     key=lambda a: len(a.parts))
+    for parent in parents:  # traversable by the unprivileged users that graded ranks run as
+        args += ["--perms", "0755", "--dir", str(parent)]
+    for path in shown:
         args += ["--ro-bind", str(path), str(path)]
     args += ["--proc", "/proc", "--dev", "/dev", "--size", str(LIMITS["tmp_bytes"]), "--tmpfs", "/tmp",
              "--dir", "/tmp/home", "--setenv", "HOME", "/tmp/home", "--setenv", "MPLCONFIGDIR", "/tmp/home",
@@ -78,6 +87,21 @@ def argv(command, *, binds=(), network=False):
     for path, writable in binds:
         args += ["--bind" if writable else "--ro-bind", str(path), str(path)]
     return args + ["--", *map(str, command)]
+
+
+def can_isolate_ranks():
+    """Ranks can share one sandbox, each isolated by the zygote, when we are really root."""
+    return os.geteuid() == 0
+
+
+def remove_stale_cgroups():
+    """Remove the empty cgroups that finished sandboxes left (a kernel's cgroup outlives it)."""
+    for controller in ("pids", "memory"):
+        for path in (CGROUP_ROOT / controller).glob("dpcourse-*"):
+            try:
+                path.rmdir()
+            except OSError:
+                pass
 
 
 def set_rlimits():
@@ -128,7 +152,7 @@ class Cgroup:
                 pass
 
 
-def start(command, *, binds=(), network=False, pass_fds=(), **popen):
+def start(command, *, binds=(), network=False, keep_capabilities=False, pass_fds=(), **popen):
     """Start `command` in a sandbox; return (Popen, Cgroup). Call `cgroup.remove()` after it ends.
 
     The new process joins the cgroup before it runs bwrap (in preexec_fn), so every process of
@@ -140,6 +164,6 @@ def start(command, *, binds=(), network=False, pass_fds=(), **popen):
         set_rlimits()
         cgroup.add(os.getpid())
 
-    proc = subprocess.Popen(argv(command, binds=binds, network=network), pass_fds=pass_fds,
-                            preexec_fn=prepare, **popen)
+    proc = subprocess.Popen(argv(command, binds=binds, network=network, keep_capabilities=keep_capabilities),
+                            pass_fds=pass_fds, preexec_fn=prepare, **popen)
     return proc, cgroup

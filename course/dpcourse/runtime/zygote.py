@@ -117,6 +117,45 @@ def run_program(cells):
     return namespace
 
 
+CLONE_NEWNS, CLONE_NEWNET, CLONE_NEWIPC, CLONE_NEWUTS = 0x20000, 0x40000000, 0x08000000, 0x04000000
+MS_NOSUID, MS_NODEV, MS_REC, MS_PRIVATE = 2, 4, 0x4000, 0x40000
+PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 4, 38
+FIRST_UID = 61000  # rank r of a launch runs as user 61000 + r
+
+
+def isolate(rank):
+    """Cut this rank off from the other ranks of the sandbox, then give up root for good.
+
+    Several ranks share one sandbox (one warm interpreter is much cheaper than one per rank), so
+    each rank gets its own network (none), IPC, /tmp and /dev/shm, and its own unprivileged user:
+    it cannot signal, trace or read the memory of another rank, nor raise any limit.
+    """
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def check(result, what):
+        if result != 0:
+            raise OSError(ctypes.get_errno(), f"could not isolate the rank: {what}")
+
+    check(libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
+    check(libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "private mounts")
+    for path, size in ((b"/tmp", b"256m"), (b"/dev/shm", b"64m")):
+        check(libc.mount(b"tmpfs", path, b"tmpfs", MS_NOSUID | MS_NODEV, b"size=" + size + b",mode=1777"),
+              f"a private {path.decode()}")
+    uid = FIRST_UID + rank
+    os.makedirs("/tmp/home", exist_ok=True)
+    os.chown("/tmp/home", uid, uid)
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_NPROC, (64, 64))
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)  # from root to another user: every capability is dropped
+    check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no new privileges")
+    check(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "not dumpable")
+
+
 def _rank_main(spec, fds, payload, zygote_pid):
     """The forked rank: define the learner program, join the router, run, report, exit."""
     global _namespace
@@ -126,6 +165,8 @@ def _rank_main(spec, fds, payload, zygote_pid):
         from dpcourse.runtime import inside_rank, routed, wire
 
         inside_rank.die_with_parent(zygote_pid)
+        if spec.get("isolate"):
+            isolate(spec["rank"])
         inside_rank.redirect_output(out_w)
         import cloudpickle
         import torch
@@ -239,7 +280,7 @@ def serve(control, sandboxed):
 
 def main():
     control = socket.socket(fileno=int(sys.argv[1]))
-    sandboxed = sys.argv[2:] == ["--sandboxed"]
+    sandboxed = "--sandboxed" in sys.argv[2:]
     if sandboxed and os.getpid() > 8:  # bwrap --unshare-pid makes us one of the first pids
         raise SystemExit("--sandboxed given, but this process is not in its own pid namespace")
     # Warm up what every rank needs, once: torch, the router's process group, cloudpickle.
