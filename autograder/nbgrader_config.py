@@ -21,7 +21,7 @@ from nbgrader.preprocessors import (
 
 from dpcourse.runtime.timeouts import TIMEOUTS
 from dpgrader.judge.kernel import KERNEL_NAME, kernelspec
-from dpgrader.judge.steps import JudgeTestCells, SandboxedExecute
+from dpgrader.judge.steps import JudgedExecute, ReplayOutputs
 
 here = os.path.dirname(os.path.abspath(__file__))
 c = get_config()  # provided by traitlets when it loads this file
@@ -64,14 +64,17 @@ c.GenerateFeedback.preprocessors = [
 # its verdict becomes the cell's output that nbgrader scores (dpgrader/judge/steps.py).
 # DPCOURSE_SANDBOX=0 (grade.py --no-sandbox) runs the same pipeline without the sandbox.
 SANDBOXED = os.environ.get("DPCOURSE_SANDBOX", "1") != "0"
+# autograde.py's record phase replays the outputs its judge phase computed (DPCOURSE_REPLAY_DIR).
+REPLAY = os.environ.get("DPCOURSE_REPLAY_DIR")
+c.ReplayOutputs.replay_dir = REPLAY or ""
 c.Autograde.autograde_preprocessors = [
-    SandboxedExecute, JudgeTestCells, IgnorePattern, ClearMetadataPreprocessor, LimitOutput,
+    ReplayOutputs if REPLAY else JudgedExecute, IgnorePattern, ClearMetadataPreprocessor, LimitOutput,
     SaveAutoGrades, AssignLatePenalties, CheckCellMetadata,
 ]
-c.JudgeTestCells.source_root = os.path.join(c.CourseDirectory.root, "solutions")
-c.JudgeTestCells.sandbox = SANDBOXED
+c.JudgedExecute.source_root = os.path.join(c.CourseDirectory.root, "solutions")
+c.JudgedExecute.sandbox = SANDBOXED
 if SANDBOXED:
-    c.SandboxedExecute.kernel_name = KERNEL_NAME
+    c.JudgedExecute.kernel_name = KERNEL_NAME
     spec_folder = kernelspec(pathlib.Path(here) / ".jupyter")
     os.environ["JUPYTER_PATH"] = os.pathsep.join(filter(None, [str(spec_folder),
                                                                os.environ.get("JUPYTER_PATH")]))

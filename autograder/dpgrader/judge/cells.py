@@ -1,6 +1,6 @@
 """Judge a submission's test cells in a process where the learner's code never runs.
 
-    python -m dpgrader.judge.cells SOURCE.ipynb SUBMISSION.ipynb [--no-sandbox] [--only ID,ID] [--out F]
+    python -m dpgrader.judge.cells SOURCE.ipynb SUBMISSION.ipynb... [--no-sandbox] [--only ID,ID] [--out F]
 
 writes one JSON object to --out (stdout by default):
 {grade_id: {"passed", "output", "ename", "evalue", "seconds"}}.
@@ -54,9 +54,16 @@ def _pickle_hidden_checks_by_value():
             cloudpickle.register_pickle_by_value(importlib.import_module(module.name))
 
 
-def judge(source, submission, sandboxed=True, only=None):
-    """{grade_id: verdict} for the graded test cells of `source`, judged against `submission`."""
-    pool = RankPool(program_cells(submission), sandboxed=sandboxed, prestart=PRESTART)
+def judge(source, submission, sandboxed=True, only=None, pool=None):
+    """{grade_id: verdict} for the graded test cells of `source`, judged against `submission`.
+
+    `pool`: sandboxes to reuse (several submissions judged in one process); the learner's
+    program travels with each launch, and every rank is forked fresh, so nothing carries over.
+    """
+    own_pool = pool is None
+    if own_pool:
+        pool = RankPool(sandboxed=sandboxed, prestart=PRESTART)
+    pool.program = program_cells(submission)
     _pickle_hidden_checks_by_value()
     namespace = {"__name__": "__main__"}
     for name in defined_names(submission, source) | solution_names(source):
@@ -74,7 +81,8 @@ def judge(source, submission, sandboxed=True, only=None):
                 else:
                     _run_setup_cell(cell.source, namespace)
     finally:
-        pool.close()
+        if own_pool:
+            pool.close()
     return verdicts
 
 
@@ -112,14 +120,22 @@ def _run_test_cell(source, namespace):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("source")
-    parser.add_argument("submission")
+    parser.add_argument("submissions", nargs="+", help="one notebook, or several judged in turn")
     parser.add_argument("--no-sandbox", action="store_true")
     parser.add_argument("--only", help="comma-separated grade ids")
     parser.add_argument("--out", help="write the verdicts here (default: stdout)")
     args = parser.parse_args(argv)
-    source, submission = read_notebook(args.source), read_notebook(args.submission)
+    source = read_notebook(args.source)
     only = set(args.only.split(",")) if args.only else None
-    verdicts = judge(source, submission, sandboxed=not args.no_sandbox, only=only)
+    if len(args.submissions) == 1:
+        verdicts = judge(source, read_notebook(args.submissions[0]), not args.no_sandbox, only)
+    else:  # {submission path: verdicts}, one set of sandboxes for all
+        pool = RankPool(sandboxed=not args.no_sandbox, prestart=PRESTART)
+        try:
+            verdicts = {path: judge(source, read_notebook(path), only=only, pool=pool)
+                        for path in args.submissions}
+        finally:
+            pool.close()
     text = json.dumps(verdicts)
     if args.out:
         with open(args.out, "w") as f:

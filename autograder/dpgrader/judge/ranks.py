@@ -173,7 +173,7 @@ class RemoteRank:
 class RankPool:
     """Sandboxes for the ranks of every launch of one graded notebook."""
 
-    def __init__(self, program, sandboxed=True, prestart=0):
+    def __init__(self, program=(), sandboxed=True, prestart=0):
         self.program, self.sandboxed = list(program), sandboxed
         # As root, every rank shares one sandbox and the zygote isolates each rank it forks;
         # otherwise (bwrap through user namespaces) each rank index gets a sandbox of its own.

@@ -1,20 +1,11 @@
-"""Run a communication exercise on ranks under the recorder, and judge values, messages and bytes.
+"""Who sent how much: the traffic checks of the communication exercises, and the tables demos print.
 
-    calls = run_p2p(ring_shift, [torch.full((3,), float(r)) for r in range(4)], exercise="ring_shift")
-    calls[2].result, calls[2].after, calls[2].ops      # what rank 2 returned, its input after, its calls
-    expect_ring_traffic(calls, numel=3, element_size=4, phases=2, what="ring_all_reduce")
-
-Why a module: the exercises of notebooks 03-04 are graded on three things -- the values
-each rank ends with, that only point-to-point calls were used (a collective would do the
-work for you), and how many messages and bytes each rank sent (a ring is *defined* by
-them). Each rank runs the learner's function inside `CommRecorder(p2p_only=True)`, so the
-same recorder that forbids `dist.all_reduce` and the process-group bypass also counts
-every `send` and `recv` with its peer and size.
-
-A deadlock must end in seconds with a sentence naming the ranks and the call each was
-stuck in, not with gloo's internals: every rank catches its own timeout ("Timed out
-waiting 3000ms for recv") or the "connection closed" it gets once a peer gives up, and
-reports which call it was blocked in. The caller turns that into one AssertionError.
+A ring is defined by its traffic: 2(N-1) steps of one chunk each for an all-reduce, so each
+rank sends 2(N-1)/N · S bytes whatever N. `expect_ring_traffic` holds each rank to exactly
+that (a rank that sends too much is not a ring, a rank that sends too little left its data
+out); `print_traffic` shows the same numbers under a demo. The records come from the in-rank
+recorder in a notebook and from the grader's router while grading (dpcourse.comm.calls).
+Used by notebooks 03 and 04.
 """
 
 import math
@@ -35,7 +26,7 @@ def ring_budget(numel, element_size, world_size, phases):
 
 
 def expect_ring_traffic(calls, numel, element_size, phases, what):
-    """Check each rank's sends against a ring's: at most phases·(N-1) messages of one chunk each.
+    """Check each rank's sends against a ring's: exactly phases·(N-1) messages of one chunk each.
 
     A step is one send of a rank: rank r's k-th send is its step k. A ring all-reduce of S
     bytes on N ranks takes 2(N-1) steps of ⌈S/N⌉ bytes (up to chunk rounding): each rank
@@ -65,6 +56,16 @@ def expect_ring_traffic(calls, numel, element_size, phases, what):
             raise AssertionError(
                 f"rank {c.rank} sent {len(sent)} messages: a ring {what} on {n} ranks takes {steps} steps, "
                 f"one chunk each")
+        if numel >= n and len(sent) < steps:  # every chunk holds data: every step must send it on
+            raise AssertionError(
+                f"rank {c.rank} sent {len(sent)} message(s): a ring {what} on {n} ranks takes exactly "
+                f"{steps} steps, one chunk each; a rank that sends less keeps its data from the others")
+        least = phases * (n - 1) * (numel // n) * element_size
+        if total < least:
+            raise AssertionError(
+                f"rank {c.rank} sent only {total} bytes: in a ring {what} each rank passes on a chunk at "
+                f"each of its {steps} steps, at least {least} bytes for S = {numel * element_size} bytes "
+                f"on {n} ranks")
 
 
 def traffic_table(calls):
