@@ -23,7 +23,7 @@ COURSE_ROOT = $(or $(DPCOURSE_COURSE_ROOT),$(CURDIR))
 # Jupyter refuses to run as root unless told (containers and CI run as root).
 ROOT_OPT   := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: help install browser-deps lab formgrader assignments index format grade autograde test lint bench clean
+.PHONY: help install browser-deps sandbox-deps lab formgrader assignments index format grade autograde test lint bench clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 14
@@ -46,6 +46,14 @@ browser-deps:  ## Chromium for the browser tests of `make test` (Debian/Ubuntu, 
 	else echo "Chromium is a system package: run \`sudo make browser-deps\` (or sudo apt-get install -y chromium)"; \
 	  exit 1; fi
 
+# Grading runs learner code in bubblewrap sandboxes (autograder/dpgrader/judge/sandbox.py): a machine
+# package, installed by CI (.ci/run) and by an instructor once; a learner may grade with --no-sandbox.
+sandbox-deps:  ## bubblewrap, the grading sandbox (Debian/Ubuntu, as root; idempotent)
+	@if command -v bwrap >/dev/null 2>&1; then echo "bubblewrap is installed: $$(command -v bwrap)"; \
+	elif [ "$$(id -u)" = 0 ]; then apt-get update -q && apt-get install -y -q bubblewrap; \
+	else echo "bubblewrap is a system package: run \`sudo make sandbox-deps\` (or sudo apt-get install -y bubblewrap)"; \
+	  exit 1; fi
+
 lab: install  ## JupyterLab on the course (what a learner opens)
 	cd autograder && $(BIN)/jupyter lab --ServerApp.root_dir=$(LAB_ROOT) $(ROOT_OPT) $(LAB_OPTS)
 
@@ -66,10 +74,10 @@ format: install  ## normalise solutions/ notebooks (no outputs) and fix lint
 
 grade: install  ## grade one notebook as nbgrader would: make grade NB=course/00_orientation/00_orientation.ipynb
 	@test -n "$(NB)" || { echo "usage: make grade NB=path/to/notebook.ipynb"; exit 2; }
-	$(PY) autograder/grade.py $(NB)
+	$(PY) autograder/grade.py $(NB) $(GRADE_OPTS)
 
-autograde: install  ## grade every submission in autograder/submitted/, write feedback and grades.csv
-	$(PY) autograder/autograde.py
+autograde: install  ## grade every submission in autograder/submitted/ (JOBS at a time), feedback, grades.csv
+	$(PY) autograder/autograde.py --jobs $(JOBS)
 
 lint: install  ## ruff
 	$(BIN)/ruff check .

@@ -42,7 +42,7 @@ c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
 # A cell may run a few launches; each is bounded by the launcher's deadline
 # (60 s by default, far less in the tests), so a hung learner function scores 0
 # on its cell with a message and autograde always finishes.
-c.Execute.timeout = TIMEOUTS["cell"]
+c.Execute.timeout = int(os.environ.get("DPCOURSE_CELL_TIMEOUT", TIMEOUTS["cell"]))
 c.Execute.interrupt_on_timeout = True
 # Demos, benchmarks, widgets and long plots carry the cell tag "demo": grading and `nbgrader
 # validate` skip them (no test cell may depend on them), so a notebook grades in seconds.

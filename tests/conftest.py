@@ -23,6 +23,17 @@ def children_of(pid):
     return kids
 
 
+def descendants_of(pid):
+    """Every live process below `pid` (children, their children, ...), zombies excluded."""
+    found, todo = [], children_of(pid)
+    while todo:
+        child = todo.pop()
+        if is_running(child):
+            found.append(child)
+        todo += children_of(child)
+    return found
+
+
 def is_running(pid):
     """True if pid exists and is not a zombie."""
     try:

@@ -68,7 +68,7 @@ def judge(source, submission, sandboxed=True, only=None, pool=None):
     namespace = {"__name__": "__main__"}
     for name in defined_names(submission, source) | solution_names(source):
         namespace[name] = LearnerProxy(name)
-    verdicts = {}
+    verdicts, skipped = {}, []
     try:
         with pool.installed():
             for cell in source.cells:
@@ -79,19 +79,30 @@ def judge(source, submission, sandboxed=True, only=None, pool=None):
                     if only is None or grade_id in only:
                         verdicts[grade_id] = _run_test_cell(cell.source, namespace)
                 else:
-                    _run_setup_cell(cell.source, namespace)
+                    problem = _run_setup_cell(cell.source, namespace, pool)
+                    if problem:
+                        skipped.append({"cell": cell.source[:80], "why": problem})
     finally:
         if own_pool:
             pool.close()
+    if skipped:
+        verdicts["_setup_cells_cut_short"] = skipped
     return verdicts
 
 
-def _run_setup_cell(source, namespace):
+def _run_setup_cell(source, namespace, pool):
+    """An instructor cell that is neither a test nor a demo: imports and definitions the tests use.
+
+    Such a cell never needs to run ranks; one that does is a demo that lacks its tag, and is cut
+    short at its first launch (tests may not depend on it: docs/authoring.md).
+    """
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         try:
-            exec(compile(source, "<setup cell>", "exec"), namespace)  # noqa: S102 - instructor code
-        except Exception:  # noqa: BLE001 - a setup cell that needs a demo's result: tests will say
-            pass
+            with pool.refusing("a cell that is not a test"):
+                exec(compile(source, "<setup cell>", "exec"), namespace)  # noqa: S102 - instructor code
+        except Exception as exc:  # noqa: BLE001 - recorded for maintainers, never a verdict
+            return f"{type(exc).__name__}: {str(exc)[:200]}"
+    return None
 
 
 def _run_test_cell(source, namespace):

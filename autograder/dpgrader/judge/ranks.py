@@ -193,6 +193,15 @@ class RankPool:
                 zygote.wait_ready()
 
     @contextlib.contextmanager
+    def refusing(self, why):
+        """Launches in this block raise at once (`why` says who may not launch)."""
+        self.refusal = why
+        try:
+            yield
+        finally:
+            self.refusal = None
+
+    @contextlib.contextmanager
     def installed(self):
         launcher.use_runner(self)
         try:
@@ -207,6 +216,8 @@ class RankPool:
 
     def launch(self, fn, world_size, args, kwargs, *, deadline, group_timeout):
         """What `dpcourse.launch` does while grading: same results, same errors."""
+        if getattr(self, "refusal", None):
+            raise RuntimeError(f"{self.refusal} may not launch ranks while grading")
         options = launcher.current_options()
         self.ensure(world_size)
         payload = cloudpickle.dumps((self.program, cloudpickle.dumps((fn, args, kwargs))))

@@ -1,0 +1,251 @@
+"""A catalogue of hostile submissions, each with the outcome the grader must give.
+
+Each attack is something a student tried (see the grader-trust issue): patching the checks,
+builtins or IPython, returning objects that compare equal to anything, reading the solutions
+or the hidden checks, collectives smuggled past the point-to-point rule, writing the gradebook,
+leaving daemons, ignoring SIGINT, printing gigabytes, crashing the kernel, an unreadable file.
+The expected outcome is always the score the honest code would get, with a message that names
+the cell and the reason, in bounded time, with nothing left running.
+"""
+
+import csv
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import nbformat
+import pytest
+
+from conftest import REPO, descendants_of
+from planted import solution_code
+
+pytestmark = pytest.mark.slow
+JUDGE = [sys.executable, "-m", "dpgrader.judge.cells"]
+
+
+def notebook(assignment, base, cells, folder, name):
+    """`base` ('solutions' or 'course') notebook of `assignment` with cells replaced (grade_id -> source)."""
+    path = next((REPO / base / assignment).glob("*.ipynb"))
+    nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:
+        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if grade_id in cells:
+            cell.source = cells[grade_id]
+    target = folder / name / path.name
+    target.parent.mkdir(parents=True)
+    nbformat.write(nb, target)
+    return target
+
+
+def judge(assignment, submissions, only):
+    """The judge's verdicts for several submissions of one assignment, sandboxed, in one process."""
+    source = next((REPO / "solutions" / assignment).glob("*.ipynb"))
+    out = submissions[0].parent.parent / "verdicts.json"
+    env = dict(os.environ, PYTHONPATH=str(REPO / "autograder"), DPCOURSE_DEADLINE="20")
+    command = [*JUDGE, str(source), *map(str, submissions), "--only", ",".join(only), "--out", str(out)]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env,
+                          cwd=REPO / "autograder")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    verdicts = json.loads(out.read_text())
+    return verdicts if len(submissions) > 1 else {str(submissions[0]): verdicts}
+
+
+PATCH_EVERYTHING = '''
+import builtins, torch
+import dpcourse.checks.core as core, dpcourse.checks.ranks as ranks
+core.expect_equal = lambda *args, **kwargs: None          # the visible checks
+ranks.expect_per_rank = lambda *args, **kwargs: None
+torch.allclose = lambda *args, **kwargs: True
+try:
+    import dpgrader.orientation as hidden                 # the hidden checks
+    hidden.check_my_slice = hidden.check_global_mean = lambda *args, **kwargs: None
+except Exception:
+    pass
+try:
+    get_ipython().input_transformers_cleanup.append(lambda lines: [])   # empty every later cell
+except NameError:
+    pass
+'''
+
+STEAL_THE_SOLUTION = '''
+import glob, json, os
+def my_slice(data):
+    """Find the instructor's notebook anywhere, run its solution, return what it returns."""
+    paths = glob.glob("/**/00_orientation.ipynb", recursive=True) + glob.glob("../**/*.ipynb", recursive=True)
+    for path in paths:
+        try:
+            cells = json.load(open(path))["cells"]
+        except Exception:
+            continue
+        for cell in cells:
+            source = "".join(cell["source"])
+            if "BEGIN SOLUTION" in source and "def my_slice" in source:
+                scope = {}
+                exec(source, globals(), scope)
+                return scope["my_slice"](data)
+    import dpgrader.orientation  # the hidden checks, to read the expected values from
+    raise RuntimeError("nothing found")
+'''
+
+EQUAL_TO_ANYTHING = '''
+import torch
+class Anything:
+    def __eq__(self, other):
+        return True
+    __ne__ = lambda self, other: False
+class Liar(torch.Tensor):
+    def __eq__(self, other):
+        return torch.ones_like(other, dtype=torch.bool)
+def my_slice(data):
+    return Anything()
+def global_mean(x):
+    return torch.zeros(1).as_subclass(Liar)
+'''
+
+
+def test_patched_checks_lookalike_results_and_stolen_solutions_score_what_the_code_computes(tmp_path):
+    base = "course"
+    attacks = {
+        "patches_everything": {"my_slice": PATCH_EVERYTHING + "def my_slice(data):\n    return data\n",
+                               "global_mean": "def global_mean(x):\n    return 0.0\n"},
+        "equal_to_anything": {"my_slice": EQUAL_TO_ANYTHING, "global_mean": "pass"},
+        "steals_the_solution": {"my_slice": STEAL_THE_SOLUTION},
+    }
+    paths = {name: notebook("00_orientation", base, cells, tmp_path, name) for name, cells in attacks.items()}
+    only = ["test_my_slice_basic", "test_my_slice_edge_cases", "test_global_mean_basic"]
+    start = time.monotonic()
+    verdicts = judge("00_orientation", list(paths.values()), only)
+    by_name = {name: verdicts[str(path)] for name, path in paths.items()}
+    assert time.monotonic() - start < 300
+    for name, cells in by_name.items():
+        for grade_id in (["test_my_slice_basic", "test_my_slice_edge_cases"] +
+                         (["test_global_mean_basic"] if name != "steals_the_solution" else [])):
+            verdict = cells[grade_id]
+            assert not verdict["passed"], f"{name}: {grade_id} passed: {verdict}"
+    assert "has shape" in by_name["patches_everything"]["test_my_slice_basic"]["evalue"]
+    lookalike = by_name["equal_to_anything"]["test_my_slice_basic"]["evalue"]
+    assert "cannot be returned from a graded rank" in lookalike, lookalike
+    assert "global_mean" in by_name["equal_to_anything"]["test_global_mean_basic"]["evalue"]
+    stolen = by_name["steals_the_solution"]["test_my_slice_basic"]["evalue"]
+    assert "No module named 'dpgrader'" in stolen or "nothing found" in stolen, stolen
+
+
+SMUGGLED = {
+    "process_group_object": "dist.group.WORLD.allreduce([tensor]).wait()",
+    "dispatch_disabled": ("with torch._C._DisableTorchDispatch():\n"
+                          "        dist.all_reduce(tensor, group=group)"),
+    "functional_collective": ("import torch.distributed._functional_collectives as fc\n"
+                              "    tensor.copy_(fc.all_reduce(tensor, 'sum', group or dist.group.WORLD))"),
+    "through_the_store": ("import pickle\n    store = dist.distributed_c10d._get_default_store()\n"
+                          "    store.set(f'x{dist.get_rank()}', pickle.dumps(tensor.tolist()))\n"
+                          "    total = sum(torch.tensor(pickle.loads(store.get(f'x{r}'))) "
+                          "for r in range(dist.get_world_size()))\n    tensor.copy_(total)"),
+}
+
+
+def test_collectives_smuggled_past_the_point_to_point_rule_fail(tmp_path):
+    paths = {}
+    for name, body in SMUGGLED.items():
+        source = f"def ring_reduce_scatter(tensor, group=None):\n    {body}\n"
+        paths[name] = notebook("04_ring_allreduce", "course", {"ring_reduce_scatter": source}, tmp_path, name)
+    verdicts = judge("04_ring_allreduce", list(paths.values()), ["test_ring_reduce_scatter_basic"])
+    for name, path in paths.items():
+        verdict = verdicts[str(path)]["test_ring_reduce_scatter_basic"]
+        assert not verdict["passed"], f"{name} passed"
+    for name in ("process_group_object", "dispatch_disabled"):
+        message = verdicts[str(paths[name])]["test_ring_reduce_scatter_basic"]["evalue"]
+        assert "called the collective `all_reduce`" in message, (name, message)
+
+
+def test_a_ring_that_sends_too_little_fails_on_its_traffic(tmp_path):
+    """Each rank passes its chunks on only once around (N-1 messages for an all-reduce): the old byte
+    check was an upper bound only; the router counts exactly 2(N-1)."""
+    code = solution_code("04_ring_allreduce", "ring_all_reduce").replace(
+        "ring_all_gather(tensor, group)", "ring_all_gather(tensor, group) if False else None")
+    path = notebook("04_ring_allreduce", "solutions", {"ring_all_reduce": code}, tmp_path, "too_little")
+    verdict = judge("04_ring_allreduce", [path], ["test_ring_all_reduce_bandwidth"])[str(path)]
+    assert not verdict["test_ring_all_reduce_bandwidth"]["passed"]
+
+
+GRADEBOOK_WRITER = '''
+import glob, os
+for url in [os.environ.get("DPCOURSE_DB_URL", "")] + glob.glob("/**/gradebook.db", recursive=True):
+    try:
+        from nbgrader.api import Gradebook
+        with Gradebook(url if url.startswith("sqlite") else "sqlite:///" + url) as gb:
+            for grade in gb.find_submission("00_orientation", "honest").notebooks[0].grades:
+                grade.manual_score = 0
+            gb.db.commit()
+        print("wrote the gradebook", url)
+    except Exception as exc:
+        print("could not write", url, type(exc).__name__)
+'''
+DAEMON = '''
+import os, socket, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", PORT)); s.listen()
+        while True:
+            time.sleep(1)
+    os._exit(0)
+'''
+SIGINT_LOOP = "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass\n"
+HUGE_PRINT = "print('x' * (200 * 1024 * 1024))\n"
+CRASH = "import os\nos._exit(1)\n"
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _with_extra_cell(path, source):
+    nb = nbformat.read(path, as_version=4)
+    ids = [c.metadata.get("nbgrader", {}).get("grade_id") for c in nb.cells]
+    index = ids.index("my_slice")
+    nb.cells.insert(index + 1, nbformat.v4.new_code_cell(source))
+    nbformat.write(nb, path)
+    return path
+
+
+def test_a_class_with_hostile_submissions_is_graded_honestly_and_completely(tmp_path, no_orphans):
+    root = tmp_path / "course"
+    shutil.copytree(REPO / "solutions" / "00_orientation", root / "solutions" / "00_orientation")
+    shutil.copytree(REPO / "course" / "00_orientation", root / "course" / "00_orientation")
+    port = _free_port()
+    extras = {"honest": None, "gradebook_writer": GRADEBOOK_WRITER,
+              "daemon": DAEMON.replace("PORT", str(port)), "ignores_sigint": SIGINT_LOOP,
+              "prints_200_mb": HUGE_PRINT, "kills_its_kernel": CRASH}
+    submitted = root / "autograder" / "submitted"
+    for student, extra in extras.items():
+        path = notebook("00_orientation", "solutions", {}, submitted / student, "00_orientation")
+        if extra:
+            _with_extra_cell(path, extra)
+    broken = submitted / "truncated" / "00_orientation" / "00_orientation.ipynb"
+    broken.parent.mkdir(parents=True)
+    broken.write_text(path.read_text()[:500])
+    env = dict(os.environ, DPCOURSE_COURSE_ROOT=str(root), DPCOURSE_CELL_TIMEOUT="20", DPCOURSE_DEADLINE="20",
+               DPCOURSE_DB_URL=f"sqlite:///{root / 'gradebook.db'}")
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, str(REPO / "autograder" / "autograde.py"), "--jobs", "2"], env=env,
+                          capture_output=True, text=True, timeout=900)
+    elapsed = time.monotonic() - start
+    report = proc.stdout + proc.stderr
+    assert proc.returncode == 1, report[-3000:]  # one submission could not be graded, and says so
+    assert "truncated/00_orientation" in report and "not a readable notebook" in report, report[-3000:]
+    assert elapsed < 600, f"the class took {elapsed:.0f} s"
+    with open(root / "autograder" / "grades.csv") as f:
+        scores = {row["student_id"]: float(row["raw_score"]) for row in csv.DictReader(f)}
+    assert scores == {s: 6.0 for s in extras}, f"{scores}\n{report[-2000:]}"
+    graded = root / "autograder" / "autograded" / "prints_200_mb" / "00_orientation" / "00_orientation.ipynb"
+    assert graded.stat().st_size < 2_000_000, "the 200 MB print reached the graded notebook"
+    assert not descendants_of(os.getpid()), "processes left behind"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))  # the daemon's port is free: it died with its kernel
