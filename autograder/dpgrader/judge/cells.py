@@ -63,7 +63,7 @@ def judge(source, submission, sandboxed=True, only=None, pool=None):
     own_pool = pool is None
     if own_pool:
         pool = RankPool(sandboxed=sandboxed, prestart=PRESTART)
-    pool.program = program_cells(submission)
+    pool.set_program(program_cells(submission))
     _pickle_hidden_checks_by_value()
     namespace = {"__name__": "__main__"}
     for name in defined_names(submission, source) | solution_names(source):

@@ -20,6 +20,7 @@ import signal
 import socket
 import struct
 import sys
+import threading
 import time
 
 import cloudpickle
@@ -170,6 +171,73 @@ class RemoteRank:
                 str(value.get("traceback")))
 
 
+class CallSession:
+    """A learner process that answers direct calls (dpcourse.runtime.zygote._serve_calls)."""
+
+    def __init__(self, pool):
+        self.pool = pool
+        self.sock, theirs = socket.socketpair()
+        pipes = [os.pipe() for _ in range(3)]
+        spec = {"rank": 0, "world_size": 1, "group_timeout": 10.0, "isolate": pool.shared, "serve": True}
+        payload = cloudpickle.dumps((pool.program, None))
+        try:
+            zygote = pool.zygote_of(0)
+            self.pid = zygote.run(spec, [theirs.fileno(), *(w for _, w in pipes)], payload)
+            self.control = RemoteRank(zygote, self.pid)
+        finally:
+            theirs.close()
+            for _, w in pipes:
+                os.close(w)
+        self.out, self.reads = pipes[0][0], [r for r, _ in pipes[1:]]
+        self.output, self.lock = bytearray(), threading.Lock()
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _drain(self):
+        while True:
+            try:
+                chunk = os.read(self.out, 65536)
+            except OSError:
+                return
+            if not chunk:
+                return
+            with self.lock:
+                if len(self.output) < OUTPUT_LIMIT:
+                    self.output += chunk[:OUTPUT_LIMIT - len(self.output)]
+
+    def call(self, name, args, kwargs, timeout):
+        """(report, printed text): the learner's answer to one call, within `timeout` seconds."""
+        blob = cloudpickle.dumps((name, args, kwargs))
+        self.sock.settimeout(timeout)
+        try:
+            self.sock.sendall(struct.pack("<Q", len(blob)) + blob)
+            report = wire.read_value(self.sock)
+        except TimeoutError:
+            self.close()
+            raise TimeoutError(f"{name} did not return within {timeout:g} s (an endless loop, or a wait "
+                               f"for a message nobody sends?)") from None
+        except (OSError, wire.WireError):
+            report = None
+        if report is None:
+            self.close()
+            raise RuntimeError(f"{name} ended the process it ran in (os._exit, a crash, or too much "
+                               f"memory)") from None
+        time.sleep(0.005)  # let the last lines it printed arrive
+        with self.lock:
+            printed, self.output = self.output.decode(errors="replace"), bytearray()
+        return report, printed
+
+    def close(self):
+        self.control.signal(signal.SIGKILL)
+        self.control.poll(block=True)
+        for fd in (self.out, *self.reads):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.sock.close()
+        self.pool.session = None
+
+
 class RankPool:
     """Sandboxes for the ranks of every launch of one graded notebook."""
 
@@ -178,9 +246,27 @@ class RankPool:
         # As root, every rank shares one sandbox and the zygote isolates each rank it forks;
         # otherwise (bwrap through user namespaces) each rank index gets a sandbox of its own.
         self.shared = sandboxed and sandbox.can_isolate_ranks()
-        self.last_traffic, self.launches = None, 0
+        self.last_traffic, self.launches, self.session = None, 0, None
         count = 1 if self.shared else prestart
         self.zygotes = [Zygote(sandboxed, self.shared) for _ in range(count)]  # they warm up meanwhile
+
+    def set_program(self, program):
+        """Judge another submission with the same sandboxes (the learner process of calls restarts)."""
+        if self.session is not None:
+            self.session.close()
+        self.program = list(program)
+
+    def call(self, name, args, kwargs, timeout=60.0):
+        """A direct call of the learner's `name`: ("ok", value) or ("error", type, message)."""
+        if getattr(self, "refusal", None):
+            raise RuntimeError(f"{self.refusal} may not run the learner's code while grading")
+        self.ensure(1)
+        if self.session is None:
+            self.session = CallSession(self)
+        report, printed = self.session.call(name, args, kwargs, timeout)
+        if printed:
+            print(printed, end="" if printed.endswith("\n") else "\n")
+        return report
 
     def zygote_of(self, rank):
         return self.zygotes[0 if self.shared else rank]
@@ -210,6 +296,8 @@ class RankPool:
             launcher.use_runner(None)
 
     def close(self):
+        if self.session is not None:
+            self.session.close()
         for zygote in self.zygotes:
             zygote.close()
         self.zygotes = []

@@ -90,6 +90,11 @@ def use_runner(runner):
     _runner = runner
 
 
+def current_runner():
+    """The runner `use_runner` installed (the grader's), or None when launches fork here."""
+    return _runner
+
+
 def observed_traffic():
     """Per rank, the communication calls of the last launch as the grader's router saw them
     (CommOp lists); None when ranks run here (then each rank records its own)."""

@@ -103,6 +103,15 @@ def encode_value(value):
     return encode({"value": tree}, tensors)
 
 
+def read_value(sock):
+    """A plain value from a socket (a frame written by `encode_value`); None if it closed."""
+    frame = read_frame(sock)
+    if frame is None:
+        return None
+    header, tensors = frame
+    return _untree(header.get("value"), tensors)
+
+
 def decode_value(head, body):
     header, tensors = decode(head, body)
     return _untree(header.get("value"), tensors)

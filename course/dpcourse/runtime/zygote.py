@@ -74,12 +74,20 @@ def state_of(value):
         return {"parameters": {n: p.detach().clone() for n, p in value.named_parameters()},
                 "buffers": {n: b.detach().clone() for n, b in value.named_buffers()},
                 "grads": {n: p.grad.detach().clone() for n, p in value.named_parameters()
-                          if p.grad is not None}}
+                          if p.grad is not None},
+                "attributes": {n: v for n, v in vars(value).items() if not n.startswith("_") and _plain(v)}}
     if isinstance(value, torch.Tensor):
         return value.detach().clone()
     if type(value) in (list, tuple):
         return [state_of(v) for v in value]
     return None
+
+
+def _plain(value):
+    """Numbers, strings and lists of them: a module's plain attributes (a loss that counts calls)."""
+    if type(value) in (int, float, bool, str):
+        return True
+    return type(value) in (list, tuple) and all(type(v) in (int, float, bool, str) for v in value)
 
 
 KEPT_STATEMENTS = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef,
@@ -178,6 +186,10 @@ def _rank_main(spec, fds, payload, zygote_pid):
                           LOCAL_WORLD_SIZE=str(world), DPCOURSE_GRADED_RANK="1")
         program, function = cloudpickle.loads(payload)
         _namespace = run_program(program)
+        if spec.get("serve"):
+            _serve_calls(socket.socket(fileno=router_fd))
+            code = 0
+            return
         fn, args, kwargs = cloudpickle.loads(function)
         routed.join(socket.socket(fileno=router_fd), rank, world, spec["group_timeout"])
         value = inside_rank.to_cpu(fn(*args, **kwargs))
@@ -200,6 +212,32 @@ def _rank_main(spec, fds, payload, zygote_pid):
         except Exception:  # noqa: BLE001
             pass
         os._exit(code)
+
+
+def _serve_calls(sock):
+    """Answer the grader's direct calls of learner functions, one at a time, until it hangs up.
+
+    Why: a hidden check may call a plain learner function hundreds of times (every n, rank and
+    world size of a sharding rule); a launch per call would cost a fork each. Requests come from
+    the grader (cloudpickle: trusted direction), answers go back as wire frames.
+    """
+    import cloudpickle
+
+    from dpcourse.runtime import inside_rank, wire
+
+    while True:
+        head = wire.read_exact(sock, 8)
+        if head is None:
+            return
+        name, args, kwargs = cloudpickle.loads(wire.read_exact(sock, struct.unpack("<Q", head)[0]))
+        try:
+            report = {"status": "ok", "value": inside_rank.to_cpu(call_learner(name, args, kwargs))}
+            frame = wire.encode_value(report)
+        except BaseException as exc:  # noqa: BLE001 - the learner's error, sent back as the answer
+            frame = wire.encode_value({"status": "error", "type": type(exc).__name__, "message": str(exc),
+                                       "traceback": "".join(traceback.format_exception(exc))})
+        inside_rank.flush_output()
+        sock.sendall(frame)
 
 
 def _error_frame(wire, kind, message, trace):
