@@ -21,8 +21,11 @@ import argparse
 import contextlib
 import io
 import json
+import os
 import pkgutil
+import shutil
 import sys
+import tempfile
 import time
 import traceback
 
@@ -54,6 +57,28 @@ def _pickle_hidden_checks_by_value():
             cloudpickle.register_pickle_by_value(importlib.import_module(module.name))
 
 
+def shared_scratch():
+    """A folder the judge and the ranks both see (outside /tmp, which each rank has to itself).
+
+    Test cells make their temporary folders here (a checkpoint folder rank 0 writes and the
+    test reads back): tempfile in this process points at it, and the folders it makes are
+    writable by the unprivileged users the ranks run as.
+    """
+    base = "/var/tmp" if os.path.isdir("/var/tmp") else None
+    scratch = tempfile.mkdtemp(prefix="dpcourse-judge-", dir=base)
+    os.chmod(scratch, 0o1777)
+    tempfile.tempdir = scratch
+    original = tempfile.mkdtemp
+
+    def shared_mkdtemp(*args, **kwargs):
+        path = original(*args, **kwargs)
+        os.chmod(path, 0o1777)
+        return path
+
+    tempfile.mkdtemp = shared_mkdtemp
+    return scratch
+
+
 def judge(source, submission, sandboxed=True, only=None, pool=None):
     """{grade_id: verdict} for the graded test cells of `source`, judged against `submission`.
 
@@ -62,7 +87,7 @@ def judge(source, submission, sandboxed=True, only=None, pool=None):
     """
     own_pool = pool is None
     if own_pool:
-        pool = RankPool(sandboxed=sandboxed, prestart=PRESTART)
+        pool = RankPool(sandboxed=sandboxed, prestart=PRESTART, scratch=shared_scratch())
     pool.set_program(program_cells(submission))
     _pickle_hidden_checks_by_value()
     namespace = {"__name__": "__main__"}
@@ -85,6 +110,7 @@ def judge(source, submission, sandboxed=True, only=None, pool=None):
     finally:
         if own_pool:
             pool.close()
+            shutil.rmtree(pool.scratch, ignore_errors=True)
     if skipped:
         verdicts["_setup_cells_cut_short"] = skipped
     return verdicts
@@ -141,12 +167,13 @@ def main(argv=None):
     if len(args.submissions) == 1:
         verdicts = judge(source, read_notebook(args.submissions[0]), not args.no_sandbox, only)
     else:  # {submission path: verdicts}, one set of sandboxes for all
-        pool = RankPool(sandboxed=not args.no_sandbox, prestart=PRESTART)
+        pool = RankPool(sandboxed=not args.no_sandbox, prestart=PRESTART, scratch=shared_scratch())
         try:
             verdicts = {path: judge(source, read_notebook(path), only=only, pool=pool)
                         for path in args.submissions}
         finally:
             pool.close()
+            shutil.rmtree(pool.scratch, ignore_errors=True)
     text = json.dumps(verdicts)
     if args.out:
         with open(args.out, "w") as f:

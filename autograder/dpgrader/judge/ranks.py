@@ -40,7 +40,7 @@ class GraderFailure(Exception):
 class Zygote:
     """One sandbox with a warm interpreter that forks the rank of each launch."""
 
-    def __init__(self, sandboxed, shared=False):
+    def __init__(self, sandboxed, shared=False, scratch=None):
         self.control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         command = [os.path.abspath(sys.executable), "-m", "dpcourse.runtime.zygote", str(theirs.fileno())]
         if sandboxed:
@@ -49,7 +49,8 @@ class Zygote:
         for key in ("DPCOURSE_COURSE_ROOT", "DPCOURSE_DB_URL", "NBGRADER_EXECUTION", "JPY_SESSION_NAME"):
             env.pop(key, None)
         if sandboxed:
-            self.proc, self.cgroup = sandbox.start(command, pass_fds=[theirs.fileno()], env=env,
+            binds = [(scratch, True)] if scratch else []
+            self.proc, self.cgroup = sandbox.start(command, pass_fds=[theirs.fileno()], env=env, binds=binds,
                                                    keep_capabilities=shared, stdin=subprocess_devnull())
         else:
             import subprocess
@@ -178,7 +179,8 @@ class CallSession:
         self.pool = pool
         self.sock, theirs = socket.socketpair()
         pipes = [os.pipe() for _ in range(3)]
-        spec = {"rank": 0, "world_size": 1, "group_timeout": 10.0, "isolate": pool.shared, "serve": True}
+        spec = {"rank": 0, "world_size": 1, "group_timeout": 10.0, "isolate": pool.shared, "serve": True,
+                "scratch": str(pool.scratch) if pool.scratch else None, "share_scratch": True}
         payload = cloudpickle.dumps((pool.program, None))
         try:
             zygote = pool.zygote_of(0)
@@ -241,14 +243,14 @@ class CallSession:
 class RankPool:
     """Sandboxes for the ranks of every launch of one graded notebook."""
 
-    def __init__(self, program=(), sandboxed=True, prestart=0):
-        self.program, self.sandboxed = list(program), sandboxed
+    def __init__(self, program=(), sandboxed=True, prestart=0, scratch=None):
+        self.program, self.sandboxed, self.scratch = list(program), sandboxed, scratch
         # As root, every rank shares one sandbox and the zygote isolates each rank it forks;
         # otherwise (bwrap through user namespaces) each rank index gets a sandbox of its own.
         self.shared = sandboxed and sandbox.can_isolate_ranks()
         self.last_traffic, self.launches, self.session = None, 0, None
         count = 1 if self.shared else prestart
-        self.zygotes = [Zygote(sandboxed, self.shared) for _ in range(count)]  # they warm up meanwhile
+        self.zygotes = [Zygote(sandboxed, self.shared, scratch) for _ in range(count)]  # warming up
 
     def set_program(self, program):
         """Judge another submission with the same sandboxes (the learner process of calls restarts)."""
@@ -273,7 +275,8 @@ class RankPool:
 
     def ensure(self, world_size):
         wanted = 1 if self.shared else world_size
-        self.zygotes += [Zygote(self.sandboxed) for _ in range(len(self.zygotes), wanted)]
+        self.zygotes += [Zygote(self.sandboxed, self.shared, self.scratch)
+                         for _ in range(len(self.zygotes), wanted)]
         for zygote in self.zygotes[:wanted]:
             if not zygote.ready:
                 zygote.wait_ready()
@@ -312,7 +315,7 @@ class RankPool:
         router_ends, ranks, router = [], [], None
         try:
             for rank in range(world_size):
-                ranks.append(self._start(rank, world_size, group_timeout, payload, router_ends))
+                ranks.append(self._start(rank, world_size, group_timeout, payload, router_ends, options))
             router = Router(router_ends, **options)
             return launcher.supervise(ranks, deadline, group_timeout)
         finally:
@@ -326,13 +329,14 @@ class RankPool:
                 self.last_traffic = [router.ops_of(r) for r in range(world_size)]
             self.launches += 1
 
-    def _start(self, rank, world_size, group_timeout, payload, router_ends):
+    def _start(self, rank, world_size, group_timeout, payload, router_ends, options):
         ours, theirs = socket.socketpair()
         router_ends.append(ours)
         pipes = [os.pipe() for _ in range(3)]
         try:
             spec = {"rank": rank, "world_size": world_size, "group_timeout": group_timeout,
-                    "isolate": self.shared}
+                    "isolate": self.shared, "scratch": str(self.scratch) if self.scratch else None,
+                    "share_scratch": not options["p2p_only"]}
             pid = self.zygote_of(rank).run(spec, [theirs.fileno(), *(w for _, w in pipes)], payload)
         except BaseException:
             for read_end, _ in pipes:

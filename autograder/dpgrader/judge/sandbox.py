@@ -79,7 +79,8 @@ def argv(command, *, binds=(), network=False, keep_capabilities=False):
     for path in ("/usr", "/lib", "/lib64", "/bin", "/sbin", "/etc"):
         args += ["--ro-bind-try", path, path]
     shown = sorted({base, prefix, prefix.resolve(), COURSE})
-    parents = sorted({a for p in shown for a in p.parents if str(a) != "/"} - set(shown),
+    extra = [Path(path) for path, _ in binds]
+    parents = sorted({a for p in shown + extra for a in p.parents if str(a) != "/"} - set(shown + extra),
                      key=lambda a: len(a.parts))
     for parent in parents:  # traversable by the unprivileged users that graded ranks run as
         args += ["--perms", "0755", "--dir", str(parent)]

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
 from torch.futures import Future
 
-from dpcourse.comm.recorder import ForbiddenCollective
+from dpcourse.comm.recorder import ForbiddenCollective, note_routed_call
 from dpcourse.runtime import wire
 
 BACKEND = "dpcourse-routed"
@@ -145,12 +145,14 @@ class RoutedGroup(dist.ProcessGroup):
 
     # -- point to point -------------------------------------------------------------------
     def send(self, tensors, dst, tag=0):
+        note_routed_call("send", dst, tensors[:1], self.members)
         peer = self.members[dst]
         future, _ = _link.request({"k": "send", "group": self.members, "dst": peer, "tag": tag},
                                   tensors[:1], f"send to rank {peer}", lambda _: tensors)
         return _work(future)
 
     def recv(self, tensors, src, tag=0):
+        note_routed_call("recv", src, tensors[:1], self.members)
         peer = self.members[src]
         t = tensors[0]
         future, _ = _link.request({"k": "recv", "group": self.members, "src": peer, "tag": tag,
@@ -162,6 +164,7 @@ class RoutedGroup(dist.ProcessGroup):
 
     # -- collectives ------------------------------------------------------------------------
     def _collective(self, op, inputs, outputs, params=None):
+        note_routed_call(op, None, inputs, self.members)
         header = {"k": "coll", "group": self.members, "op": op, "params": params or {}}
         future, ack = _link.request(header, inputs, f"{op} on the group of ranks {self.members}",
                                     _copy_into(outputs), ack=True)

@@ -131,12 +131,15 @@ PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 4, 38
 FIRST_UID = 61000  # rank r of a launch runs as user 61000 + r
 
 
-def isolate(rank):
+def isolate(rank, scratch=None, share_scratch=False):
     """Cut this rank off from the other ranks of the sandbox, then give up root for good.
 
     Several ranks share one sandbox (one warm interpreter is much cheaper than one per rank), so
     each rank gets its own network (none), IPC, /tmp and /dev/shm, and its own unprivileged user:
-    it cannot signal, trace or read the memory of another rank, nor raise any limit.
+    it cannot signal, trace or read the memory of another rank, nor raise any limit. The grader's
+    scratch folder (where a test's checkpoint folder lives) stays visible only when the launch
+    allows collectives (`share_scratch`): in an exercise built from send/recv, files would be a
+    way around the messages.
     """
     import ctypes
 
@@ -148,7 +151,10 @@ def isolate(rank):
 
     check(libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
     check(libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "private mounts")
-    for path, size in ((b"/tmp", b"256m"), (b"/dev/shm", b"64m")):
+    hidden = [(b"/tmp", b"256m"), (b"/dev/shm", b"64m")]
+    if scratch and not share_scratch:
+        hidden.append((scratch.encode(), b"1m"))
+    for path, size in hidden:
         check(libc.mount(b"tmpfs", path, b"tmpfs", MS_NOSUID | MS_NODEV, b"size=" + size + b",mode=1777"),
               f"a private {path.decode()}")
     uid = FIRST_UID + rank
@@ -174,7 +180,7 @@ def _rank_main(spec, fds, payload, zygote_pid):
 
         inside_rank.die_with_parent(zygote_pid)
         if spec.get("isolate"):
-            isolate(spec["rank"])
+            isolate(spec["rank"], spec.get("scratch"), spec.get("share_scratch", False))
         inside_rank.redirect_output(out_w)
         import cloudpickle
         import torch
