@@ -75,7 +75,10 @@ STEAL_THE_SOLUTION = '''
 import glob, json, os
 def my_slice(data):
     """Find the instructor's notebook anywhere, run its solution, return what it returns."""
-    paths = glob.glob("/**/00_orientation.ipynb", recursive=True) + glob.glob("../**/*.ipynb", recursive=True)
+    roots = [os.environ.get("DPCOURSE_COURSE_ROOT", ""), "..", "../..", "../../.."]
+    paths = [f"{root}/solutions/00_orientation/00_orientation.ipynb" for root in roots]
+    paths += glob.glob("/*/*/solutions/*/*.ipynb") + glob.glob("/*/solutions/*/*.ipynb")
+    paths += glob.glob("/tmp/*/solutions/*/*.ipynb") + glob.glob("/var/tmp/*/*.ipynb")
     for path in paths:
         try:
             cells = json.load(open(path))["cells"]
