@@ -3,12 +3,13 @@ planted bug lose points, with messages that say what is wrong."""
 
 import pytest
 
-from grading import ASSIGNMENTS, cell, graded_assignment, variants_of
+from grading import ASSIGNMENTS, cell, variants_of
+from judging import judged_assignment
 
 
 @pytest.mark.parametrize("assignment", ASSIGNMENTS)
 def test_solution_full_marks_released_zero_and_planted_bugs_lose_points(assignment, tmp_path):
-    graded = graded_assignment(assignment, tmp_path)
+    graded = judged_assignment(assignment, tmp_path)
     problems = []
 
     # written answers are graded by hand: left out here (grade.py marks them "manual")

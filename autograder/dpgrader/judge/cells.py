@@ -147,8 +147,11 @@ def _run_test_cell(source, namespace):
             if not isinstance(exc, (AssertionError,)) and type(exc).__module__.startswith("dpgrader"):
                 verdict["evalue"] += "\n" + traceback.format_exc(limit=3)
     if verdict["passed"] and err.getvalue().strip():
-        verdict.update(passed=False, ename="Stderr",
-                       evalue="the test wrote to stderr, which nbgrader scores 0:\n" + err.getvalue()[:2000])
+        verdict.update(
+            passed=False,
+            ename="Stderr",
+            evalue="the test wrote to stderr, which nbgrader scores 0:\n" + err.getvalue()[:2000],
+        )
     verdict["output"] = out.getvalue()[:OUTPUT_CHARS]
     verdict["seconds"] = round(time.monotonic() - start, 3)
     return verdict
@@ -157,20 +160,38 @@ def _run_test_cell(source, namespace):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("source")
-    parser.add_argument("submissions", nargs="+", help="one notebook, or several judged in turn")
+    parser.add_argument("submissions", nargs="*", help="one notebook, or several judged in turn")
+    parser.add_argument(
+        "--spec",
+        help='a JSON list of {"submission": path, "only": [grade ids] or '
+        "null}: several notebooks, each judged on its own cells",
+    )
     parser.add_argument("--no-sandbox", action="store_true")
     parser.add_argument("--only", help="comma-separated grade ids")
     parser.add_argument("--out", help="write the verdicts here (default: stdout)")
     args = parser.parse_args(argv)
     source = read_notebook(args.source)
     only = set(args.only.split(",")) if args.only else None
-    if len(args.submissions) == 1:
+    if len(args.submissions) == 1 and not args.spec:
         verdicts = judge(source, read_notebook(args.submissions[0]), not args.no_sandbox, only)
     else:  # {submission path: verdicts}, one set of sandboxes for all
+        jobs = [
+            {"submission": path, "only": None if only is None else sorted(only)} for path in args.submissions
+        ]
+        if args.spec:
+            with open(args.spec) as f:
+                jobs += json.load(f)
         pool = RankPool(sandboxed=not args.no_sandbox, prestart=PRESTART, scratch=shared_scratch())
         try:
-            verdicts = {path: judge(source, read_notebook(path), only=only, pool=pool)
-                        for path in args.submissions}
+            verdicts = {
+                job["submission"]: judge(
+                    source,
+                    read_notebook(job["submission"]),
+                    pool=pool,
+                    only=None if job["only"] is None else set(job["only"]),
+                )
+                for job in jobs
+            }
         finally:
             pool.close()
             shutil.rmtree(pool.scratch, ignore_errors=True)

@@ -38,6 +38,9 @@ NAMES = {  # c10d operator -> the torch.distributed call a learner knows
 }
 
 
+OPERATORS = {call: operator for operator, call in NAMES.items()}  # all_reduce -> allreduce_
+
+
 class ForbiddenCollective(RuntimeError):
     """A collective was called where only point-to-point operations are allowed."""
 
@@ -110,7 +113,7 @@ class CommRecorder(TorchDispatchMode):
 
     def note(self, name, peer, nbytes, group):
         """Record (or refuse) one call made without the dispatcher (see note_routed_call)."""
-        self._refuse(name, name)
+        self._refuse(name, OPERATORS.get(name, name))
         now = time.perf_counter()
         self.ops.append(CommOp(name, peer, nbytes, now, now, tuple(group) if group else None))
 

@@ -22,7 +22,6 @@ import time
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _create_work_from_future
 from torch.futures import Future
 
 from dpcourse.comm.recorder import ForbiddenCollective, note_routed_call
@@ -114,8 +113,37 @@ class Link:
             future.set_exception(RuntimeError(message))
 
 
+class RoutedWork(dist.Work):
+    """A request in flight. Not torch's future-wrapping Work: its wait() returns True even when the
+    future failed, so a timeout or a refused call would pass silently; this one raises, as gloo's."""
+
+    def __init__(self, future):
+        super().__init__()
+        self.future = future
+
+    def wait(self, timeout=None):
+        self.future.wait()  # raises what the router or the watchdog set
+        return True
+
+    def is_completed(self):
+        return self.future.done()
+
+    def is_success(self):
+        return self.future.done() and self.exception() is None
+
+    def exception(self):
+        try:
+            self.future.value()
+        except Exception as exc:  # noqa: BLE001
+            return exc
+        return None
+
+    def get_future(self):
+        return self.future
+
+
 def _work(future):
-    return _create_work_from_future(future)
+    return RoutedWork(future)
 
 
 def _copy_into(targets):

@@ -1,0 +1,100 @@
+"""Judge an assignment's notebooks directly, as the grader does, without a kernel or nbgrader.
+
+Scores come from the judge's verdicts only (nbgrader writes them into its gradebook unchanged,
+and tests/grader/test_class_autograde.py runs that whole pipeline), so the solution, the
+released notebook and every planted bug of an assignment are judged by one process that keeps
+its sandboxes warm: each notebook costs its test cells, not a kernel and an nbgrader run. A
+planted bug is judged only on the cells it lists (loses and keeps).
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+from conftest import REPO
+from grading import notebook_name, released_path, solution_path, variants_of, write_variant
+
+MESSAGE_LINES = 25  # as autograder/grade.py reports a failure
+
+
+def judged_assignment(assignment, tmp_root, deadline=15):
+    """{"solution": result, "released": result, <bug name>: result}, results as grade.py gives them."""
+    variants = variants_of(assignment)
+    jobs = {"solution": (solution_path(assignment), None), "released": (released_path(assignment), None)}
+    for name, spec in variants.items():
+        path = write_variant(assignment, spec["cells"], tmp_root / assignment / name)
+        jobs[name] = (path, sorted(set(spec["loses"]) | set(spec.get("keeps", []))))
+    spec_file = tmp_root / f"{assignment}-jobs.json"
+    spec_file.write_text(
+        json.dumps([{"submission": str(path), "only": only} for path, only in jobs.values()])
+    )
+    out = tmp_root / f"{assignment}-verdicts.json"
+    source = REPO / "solutions" / assignment / notebook_name(assignment)
+    env = dict(os.environ, DPCOURSE_DEADLINE=str(deadline), PYTHONPATH=str(REPO / "autograder"))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dpgrader.judge.cells",
+            str(source),
+            "--spec",
+            str(spec_file),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1800,
+        cwd=REPO / "autograder",
+    )
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    verdicts = json.loads(out.read_text())
+    return {name: result_of(assignment, path, verdicts[str(path)]) for name, (path, _) in jobs.items()}
+
+
+def result_of(assignment, path, verdicts):
+    """grade.py's result for one notebook, from the judge's verdicts on its test cells."""
+    source = json.loads((REPO / "solutions" / assignment / notebook_name(assignment)).read_text())
+    cells = []
+    for cell in source["cells"]:
+        meta = cell["metadata"].get("nbgrader", {})
+        if not meta.get("grade"):
+            continue
+        if meta.get("solution"):
+            cells.append(
+                {
+                    "grade_id": meta["grade_id"],
+                    "points": None,
+                    "max_points": meta["points"],
+                    "manual": True,
+                    "message": "answer graded by hand by the instructor",
+                }
+            )
+        elif meta["grade_id"] in verdicts:
+            verdict = verdicts[meta["grade_id"]]
+            message = (
+                "passed"
+                if verdict["passed"]
+                else "\n".join(
+                    f"{verdict['ename']}: {verdict['evalue']}".strip().splitlines()[:MESSAGE_LINES]
+                )
+            )
+            cells.append(
+                {
+                    "grade_id": meta["grade_id"],
+                    "points": meta["points"] if verdict["passed"] else 0.0,
+                    "max_points": meta["points"],
+                    "manual": False,
+                    "message": message,
+                }
+            )
+    score = float(sum(c["points"] or 0 for c in cells))
+    return {
+        "notebook": str(path),
+        "assignment": assignment,
+        "score": score,
+        "max_score": float(sum(c["max_points"] for c in cells)),
+        "cells": cells,
+    }
