@@ -13,9 +13,12 @@ zygote, and the report a rank writes is decoded as a wire frame, never unpickled
     pool.last_traffic                # per rank: the router's CommOp log of that launch
 """
 
+import collections
 import contextlib
+import io
 import json
 import os
+import pickle
 import signal
 import socket
 import struct
@@ -24,12 +27,31 @@ import threading
 import time
 
 import cloudpickle
+import torch
 
 from dpcourse.runtime import launcher, wire
+from dpcourse.runtime.zygote import rebuild_parameter
 from dpgrader.judge import sandbox
 from dpgrader.judge.router import Router
 
 OUTPUT_LIMIT = 64 * 1024  # bytes of output relayed per rank and launch; the rest is dropped
+
+
+def _reduce_parameter(parameter):
+    return rebuild_parameter, (parameter.detach(), parameter.requires_grad, parameter.grad)
+
+
+class GradientKeepingPickler(cloudpickle.CloudPickler):
+    """cloudpickle, keeping parameters' gradients (see dpcourse.runtime.zygote.rebuild_parameter)."""
+
+    dispatch_table = collections.ChainMap({torch.nn.Parameter: _reduce_parameter},
+                                          cloudpickle.CloudPickler.dispatch_table)
+
+
+def dumps(obj):
+    buffer = io.BytesIO()
+    GradientKeepingPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return buffer.getvalue()
 
 
 class GraderFailure(Exception):
@@ -208,7 +230,7 @@ class CallSession:
 
     def call(self, name, args, kwargs, timeout):
         """(report, printed text): the learner's answer to one call, within `timeout` seconds."""
-        blob = cloudpickle.dumps((name, args, kwargs))
+        blob = dumps((name, args, kwargs))
         self.sock.settimeout(timeout)
         try:
             self.sock.sendall(struct.pack("<Q", len(blob)) + blob)
@@ -311,7 +333,7 @@ class RankPool:
             raise RuntimeError(f"{self.refusal} may not launch ranks while grading")
         options = launcher.current_options()
         self.ensure(world_size)
-        payload = cloudpickle.dumps((self.program, cloudpickle.dumps((fn, args, kwargs))))
+        payload = cloudpickle.dumps((self.program, dumps((fn, args, kwargs))))
         router_ends, ranks, router = [], [], None
         try:
             for rank in range(world_size):

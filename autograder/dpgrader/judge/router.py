@@ -122,8 +122,8 @@ class Router:
         now = time.perf_counter()
         recv_op.nbytes, send_op.end, recv_op.end = _nbytes(tensor), now, now
         if tensor.numel() != numel:
-            message = (f"message size mismatch: rank {src} sent {tensor.numel()} elements to rank {dst}, "
-                       f"whose receive buffer holds {numel}")
+            message = (f"Received data size doesn't match expected size: rank {src} sent {tensor.numel()} "
+                       f"elements to rank {dst}, whose receive buffer holds {numel}")
             self._reply(dst, {"k": "error", "seq": recv_seq, "msg": message})
             self._reply(src, {"k": "error", "seq": send_seq, "msg": message})
             return

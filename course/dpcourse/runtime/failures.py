@@ -173,6 +173,7 @@ def _trim_traceback(text):
             skipping = any(p in line for p in ("dpcourse/runtime/inside_rank.py",
                                                 "dpcourse/runtime/zygote.py",
                                                 "dpcourse/runtime/launcher.py", "dpcourse/checks/ranks.py",
+                                                "dpcourse/comm/calls.py",
                                                 "torch/distributed/c10d_logger.py", "dpgrader/"))
         elif not line.startswith("    "):
             skipping = False

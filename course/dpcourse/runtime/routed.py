@@ -172,16 +172,23 @@ class RoutedGroup(dist.ProcessGroup):
         return BACKEND
 
     # -- point to point -------------------------------------------------------------------
+    def _other(self, group_rank):
+        """The world rank of a peer; like gloo, a rank has no connection to itself."""
+        if group_rank == self.rank():
+            raise RuntimeError(f"Pair is not connected: rank {self.members[group_rank]} has no connection "
+                               f"to itself")
+        return self.members[group_rank]
+
     def send(self, tensors, dst, tag=0):
         note_routed_call("send", dst, tensors[:1], self.members)
-        peer = self.members[dst]
+        peer = self._other(dst)
         future, _ = _link.request({"k": "send", "group": self.members, "dst": peer, "tag": tag},
                                   tensors[:1], f"send to rank {peer}", lambda _: tensors)
         return _work(future)
 
     def recv(self, tensors, src, tag=0):
         note_routed_call("recv", src, tensors[:1], self.members)
-        peer = self.members[src]
+        peer = self._other(src)
         t = tensors[0]
         future, _ = _link.request({"k": "recv", "group": self.members, "src": peer, "tag": tag,
                                    "numel": t.numel()}, (), f"recv from rank {peer}", _copy_into([t]))

@@ -58,6 +58,16 @@ class LearnerName:
         return learner_object, (self.name,)
 
 
+def rebuild_parameter(data, requires_grad, grad):
+    """A parameter with its .grad: how the grader sends modules to a rank (pickle drops .grad, and a
+    bug that forgets to zero gradients shows only when stale ones arrive)."""
+    import torch
+
+    parameter = torch.nn.Parameter(data, requires_grad)
+    parameter.grad = grad
+    return parameter
+
+
 def call_learner(name, args, kwargs):
     """A direct call of the learner's `name` (a one-rank launch while grading): the plain result,
     and what the call left in each tensor or module argument (the grader copies it back)."""
