@@ -66,13 +66,13 @@ def shared_scratch():
     """
     base = "/var/tmp" if os.path.isdir("/var/tmp") else None
     scratch = tempfile.mkdtemp(prefix="dpcourse-judge-", dir=base)
-    os.chmod(scratch, 0o1777)
+    os.chmod(scratch, 0o777)
     tempfile.tempdir = scratch
     original = tempfile.mkdtemp
 
     def shared_mkdtemp(*args, **kwargs):
         path = original(*args, **kwargs)
-        os.chmod(path, 0o1777)
+        os.chmod(path, 0o777)
         return path
 
     tempfile.mkdtemp = shared_mkdtemp

@@ -176,6 +176,7 @@ def isolate(rank, scratch=None, share_scratch=False):
     os.setgroups([])
     os.setresgid(uid, uid, uid)
     os.setresuid(uid, uid, uid)  # from root to another user: every capability is dropped
+    os.umask(0)  # ranks are different users: in a shared folder, rank 1 may overwrite rank 0's file
     check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no new privileges")
     check(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "not dumpable")
 
