@@ -1,11 +1,14 @@
 """Shared test helpers: the process table, and paths of the repository."""
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+# The grading helpers (grading.py, judging.py, planted.py, variants/) serve tests in several folders.
+sys.path.insert(0, str(REPO / "tests" / "grader"))
 
 
 def children_of(pid):

@@ -109,3 +109,15 @@ def test_grade_explains_a_notebook_with_deleted_cells(tmp_path):
     assert result["score"] == 0
     assert "my_slice" in result.get("error", "") or any(
         "my_slice" in c["message"] for c in result["cells"]), result
+
+
+def test_grading_refuses_without_the_sandbox_and_says_how_to_get_it(tmp_path):
+    """No bubblewrap on PATH: grade.py refuses (exit 2) and names the fix; it never grades unsandboxed
+    unless asked (--no-sandbox, whose report says so)."""
+    env = dict(os.environ, PATH=str(tmp_path))  # no bwrap here; python is called by its full path
+    proc = subprocess.run([sys.executable, str(REPO / "autograder" / "grade.py"),
+                           str(released_path("00_orientation"))], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "grading refused" in proc.stderr and "make sandbox-deps" in proc.stderr, proc.stderr
+    assert "--no-sandbox" in proc.stderr
