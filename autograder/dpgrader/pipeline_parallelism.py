@@ -22,16 +22,10 @@ from itertools import pairwise
 
 import torch
 
-from dpcourse.checks.pipeline import (
-    expect_held,
-    expect_order,
-    expect_pipeline_step,
-    expect_pipeline_traffic,
-    format_order,
-)
+from dpcourse.checks.pipeline import expect_held, expect_order, expect_pipeline_step, expect_pipeline_traffic
 from dpcourse.runtime.timeouts import TIMEOUTS
 from dpcourse.topics.pipeline.runner import PipelineCase, run_pipeline_cases
-from dpcourse.topics.pipeline.schedules import gpipe_schedule
+from dpcourse.topics.pipeline.schedules import format_order, gpipe_schedule
 from dpcourse.topics.pipeline.stages import layer_stack
 
 GROUP_TIMEOUT = TIMEOUTS["p2p_deadlock"]

@@ -12,9 +12,10 @@ round with itself cancels the drift of a shared machine). Target: <= 1.1x.
 Part 2, the bubble. A model whose Linear layers sleep 10 ms forward and 20 ms backward (a
 stand-in for big layers; sleeping needs no core, so 4 stages on 2 cores behave as if each had
 its own device), on p = 4 stages, m = 1, 2, 4, 8: the idle share of the step measured from
-the reference executor's timeline (hooks on each stage, the median of 3 runs) next to
-(p - 1)/(m + p - 1), and next to a simulation of the same schedule with the forward,
-backward and message times read off the timeline (the formula assumes messages are free).
+the reference executor's timeline (hooks on each stage, after a warm-up step; the median of
+3 runs) next to (p - 1)/(m + p - 1); and the step's length next to the formula's,
+(m + p - 1)(t_f + t_b) with the measured t_f and t_b: the difference went to messages (the
+formula assumes they are free) and to waiting for a core.
 """
 
 import statistics
@@ -31,7 +32,7 @@ from dpcourse import launch  # noqa: E402
 from dpcourse.topics.ddp.bench import paired_ratios  # noqa: E402
 from dpcourse.topics.pipeline.bench import pipeline_step_times, torch_runner  # noqa: E402
 from dpcourse.topics.pipeline.runner import PipelineCase, run_pipeline  # noqa: E402
-from dpcourse.topics.pipeline.schedules import bubble_fraction, idle_fraction, simulate  # noqa: E402
+from dpcourse.topics.pipeline.schedules import bubble_fraction  # noqa: E402
 from dpcourse.topics.pipeline.stages import layer_stack  # noqa: E402
 from dpcourse.topics.pipeline.timeline import measured_bubble, stage_timelines, typical_durations  # noqa: E402
 from dpgrader.pipeline_parallelism import reference_one_f_one_b  # noqa: E402
@@ -77,20 +78,21 @@ def bubble(p=4, forward_ms=10.0, backward_ms=20.0):
     cuts = [0] + [2 * s - 1 for s in range(1, p)] + [2 * p - 1]
     print(f"\nbubble on p = {p} stages of one Linear each, sleeping {forward_ms:g} ms forward and "
           f"{backward_ms:g} ms backward")
-    print(f"{'m':>3} {'(p-1)/(m+p-1)':>14} {'measured':>9} {'simulated with the measured times':>34}")
+    print(f"{'m':>3} {'(p-1)/(m+p-1)':>14} {'measured':>9}   step: measured / with the formula")
     for m in (1, 2, 4, 8):
         g = torch.Generator().manual_seed(m)
         X, Y = torch.randn(2 * m, 16, generator=g, dtype=torch.float64), torch.randn(2 * m, 16, generator=g,
                                                                                   dtype=torch.float64)
         schedules = [reference_one_f_one_b(p, m, s) for s in range(p)]
-        case = PipelineCase(make_model, cuts, X, Y, schedule=schedules)
+        case = PipelineCase(make_model, cuts, X, Y, schedule=schedules, warmup=1)
         runs = sorted((stage_timelines(run_pipeline(tuned_step, case, exercise="bench"), case)
                        for _ in range(3)), key=measured_bubble)
         timelines = runs[1]  # the median run
-        forward, backward, delay = typical_durations(timelines)
-        simulated = idle_fraction(simulate(schedules, forward, backward, delay))
-        print(f"{m:>3} {bubble_fraction(p, m):>14.3f} {measured_bubble(timelines):>9.3f} {simulated:>12.3f} "
-              f"(t_f {forward * 1e3:.1f} ms, t_b {backward * 1e3:.1f} ms, message {delay * 1e3:.2f} ms)")
+        forward, backward, step = typical_durations(timelines)
+        ideal = (m + p - 1) * (forward + backward)
+        print(f"{m:>3} {bubble_fraction(p, m):>14.3f} {measured_bubble(timelines):>9.3f}   "
+              f"{step * 1e3:.0f} ms / {ideal * 1e3:.0f} ms "
+              f"(t_f {forward * 1e3:.1f} ms, t_b {backward * 1e3:.1f} ms)")
 
 
 def main():

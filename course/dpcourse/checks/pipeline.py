@@ -21,6 +21,7 @@ notebooks 07 and 09 and by the hidden checks of notebook 07.
 
 from dpcourse.checks.core import describe, ratio_hint
 from dpcourse.topics.pipeline.runner import by_stage, message_kind
+from dpcourse.topics.pipeline.schedules import format_order
 
 ATOL, RTOL = 1e-10, 1e-9  # float64 models: a correct pipeline is off by ~1e-16
 
@@ -156,10 +157,6 @@ def expect_held(calls, case, what, expected, at_most=False, rule=""):
             bound = "at most " if at_most else ""
             raise AssertionError(f"{what}: {_who(case, call.rank)} held the activations of {got} "
                                  f"micro-batch(es) at once, expected {bound}{want}{rule}")
-
-
-def format_order(order):
-    return " ".join(f"{kind}{i}" for kind, i in order)
 
 
 def expect_order(calls, case, what, expected, rule=""):

@@ -56,7 +56,9 @@ class PipelineCase:
     n_micro: None for one batch (naive model parallelism), else the number of micro-batches;
     schedule: None, or this stage's ordered [("F", i), ("B", i), ...]: either a list with one
       schedule per stage, or a function schedule(n_stages, n_micro, stage_index);
-    placement: the world rank of each stage (default: stage s on rank s).
+    placement: the world rank of each stage (default: stage s on rank s);
+    warmup: steps run (and forgotten: gradients zeroed, records restarted) before the recorded one,
+      for timelines and timings without first-call costs; tests leave it at 0.
     """
 
     make_model: Callable
@@ -68,6 +70,7 @@ class PipelineCase:
     placement: list | None = None
     loss_fn: Callable = mse_loss
     label: str = ""
+    warmup: int = 0
     _widths: list | None = field(default=None, repr=False)
 
     @property
@@ -288,7 +291,18 @@ def _prepare(rank, case):
     stage = make_stage(pipeline.make_model(), pipeline.cuts, index, ranks=pipeline.ranks, device=device)
     args = (stage, pipeline.batch.to(device).clone(), pipeline.targets.to(device).clone(),
             pipeline.loss_fn, *pipeline.extra_args(index))
+    if pipeline.warmup:
+        return Prepared((case["step"], pipeline.warmup, *args), watch=StageWatch(stage))
     return Prepared(args, watch=StageWatch(stage))
+
+
+def _after_warmup(step, warmup, stage, *args):
+    """Run `warmup` steps and forget them, then the step that is recorded."""
+    for _ in range(warmup):
+        step(stage, *args)
+        stage.module.zero_grad(set_to_none=True)
+        restart_watch()
+    return step(stage, *args)
 
 
 ADVICE = (
@@ -308,9 +322,12 @@ def run_pipeline_cases(step, cases, *, exercise, group_timeout=GROUP_TIMEOUT, de
     sizes = {case.n_stages for case in cases}
     if len(sizes) != 1:
         raise ValueError(f"cases of one launch must have the same number of stages, got {sorted(sizes)}")
-    runnable = [dict(pipeline=case, label=case.label) for case in cases]
-    yield from run_cases(step, sizes.pop(), runnable, exercise=exercise, group_timeout=group_timeout,
-                         deadline=deadline, prepare=_prepare, describe=describe_stage, advice=ADVICE)
+    if len({bool(case.warmup) for case in cases}) != 1:
+        raise ValueError("cases of one launch must all have a warm-up, or none")
+    runnable = [dict(pipeline=case, label=case.label, step=step) for case in cases]
+    yield from run_cases(_after_warmup if cases[0].warmup else step, sizes.pop(), runnable, exercise=exercise,
+                         group_timeout=group_timeout, deadline=deadline, prepare=_prepare,
+                         describe=describe_stage, advice=ADVICE)
 
 
 def run_pipeline(step, case, *, exercise, group_timeout=GROUP_TIMEOUT, deadline=None):

@@ -125,3 +125,13 @@ def _check_sizes(n_stages, n_micro, stage):
     if n_stages < 1 or n_micro < 1 or not 0 <= stage < n_stages:
         raise ValueError(f"need n_stages >= 1, n_micro >= 1 and 0 <= stage < n_stages, got "
                          f"{n_stages}, {n_micro}, {stage}")
+
+
+def parse_order(text):
+    """'F0 F1 B0' -> [("F", 0), ("F", 1), ("B", 0)]: schedules written the way timelines label them."""
+    return [(item[0], int(item[1:])) for item in text.split()]
+
+
+def format_order(order):
+    """[("F", 0), ("B", 0)] -> 'F0 B0'."""
+    return " ".join(f"{kind}{i}" for kind, i in order)

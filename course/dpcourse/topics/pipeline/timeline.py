@@ -15,7 +15,6 @@ the stages forward (light) and back (dark).
 Used by notebook 07; notebook 09 draws its pipelines with it too.
 """
 
-from itertools import pairwise
 
 import matplotlib.pyplot as plt
 
@@ -39,25 +38,17 @@ def measured_bubble(timelines):
 
 
 def typical_durations(timelines):
-    """(median forward, median backward, median message delay) in seconds, read off a timeline.
+    """(mean forward, mean backward, step) in seconds: step from the first start to the last end.
 
-    The message delay is measured where a stage sat waiting for an activation: from the end
-    of F i on stage s to the start of F i on stage s + 1, when s + 1 was idle in between.
+    With these, the formula's step lasts (m + p - 1)(forward + backward); whatever a measured
+    step takes beyond that went to messages and to waiting for a core.
     """
-    import statistics
-
-    forward = [e - s for timeline in timelines for kind, _, s, e in timeline if kind == "F"]
-    backward = [e - s for timeline in timelines for kind, _, s, e in timeline if kind == "B"]
-    delays = []
-    for upstream, downstream in pairwise(timelines):
-        ends = {i: e for kind, i, _, e in upstream if kind == "F"}
-        previous_end = 0.0
-        for kind, i, start, end in downstream:
-            if kind == "F" and i in ends and start - ends[i] > 0 and ends[i] >= previous_end:
-                delays.append(start - ends[i])
-            previous_end = end
-    median = lambda values: statistics.median(values) if values else 0.0  # noqa: E731
-    return median(forward), median(backward), median(delays)
+    events = [e for timeline in timelines for e in timeline]
+    mean = lambda values: sum(values) / len(values) if values else 0.0  # noqa: E731
+    forward = mean([e[3] - e[2] for e in events if e[0] == "F"])
+    backward = mean([e[3] - e[2] for e in events if e[0] == "B"])
+    step = max((e[3] for e in events), default=0.0) - min((e[2] for e in events), default=0.0)
+    return forward, backward, step
 
 
 def plot_timeline(timelines, title="", ax=None, unit=1e3, unit_name="ms", span=None):
