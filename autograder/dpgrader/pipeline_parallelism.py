@@ -92,8 +92,9 @@ def check_partition_layers(partition_layers):
 # --------------------------------------------------------------------------- pipeline cases
 
 WIDTHS = [8, 12, 10, 16, 6, 3]  # 9 layers: Linear 0, Tanh 1, Linear 2, Tanh 3, ..., Linear 8
-# per number of stages: (cuts, placement); stage 1 of the 3-stage pipeline is a lone Tanh (no parameters)
-LAYOUTS = {2: ([0, 4, 9], [1, 0]), 3: ([0, 3, 4, 9], [2, 0, 1]), 4: ([0, 2, 5, 8, 9], [3, 1, 0, 2])}
+# per number of stages: (cuts, placement); stage 1 of the 3-stage pipeline is a lone Tanh (no parameters).
+# All cases of a check share one launch of 4 ranks; the ranks outside a case's placement sit it out.
+LAYOUTS = {2: ([0, 4, 9], [3, 1]), 3: ([0, 3, 4, 9], [2, 0, 1]), 4: ([0, 2, 5, 8, 9], [3, 1, 0, 2])}
 MICRO = {2: (1, 3, 5), 3: (1, 2, 4), 4: (1, 3, 6)}  # m = 1, m not divisible by p, m > p
 
 
@@ -114,6 +115,7 @@ def _case(p, rows, seed, placed, **kwargs):
 
 
 def _run(step, cases, exercise):
+    """One launch for every case of a check."""
     return zip(cases, run_pipeline_cases(step, cases, exercise=exercise, group_timeout=GROUP_TIMEOUT),
                strict=True)
 
@@ -122,13 +124,13 @@ def _run(step, cases, exercise):
 
 
 def check_naive_pipeline_step(naive_pipeline_step):
-    for p in (2, 3, 4):
-        cases = [_case(p, rows, 70 + p + rows, placed) for rows, placed in ((5, False), (1, True), (4, True))]
-        for case, calls in _run(naive_pipeline_step, cases, "naive_pipeline_step"):
-            what = f"naive_pipeline_step on {case.label}"
-            expect_pipeline_step(calls, case, what)
-            expect_pipeline_traffic(calls, case, what)
-            expect_order(calls, case, what, [[("F", 0), ("B", 0)]] * p)
+    cases = [_case(p, rows, 70 + p + rows, placed)
+             for p in (2, 3, 4) for rows, placed in ((5, False), (1, True))]
+    for case, calls in _run(naive_pipeline_step, cases, "naive_pipeline_step"):
+        what = f"naive_pipeline_step on {case.label}"
+        expect_pipeline_step(calls, case, what)
+        expect_pipeline_traffic(calls, case, what)
+        expect_order(calls, case, what, [[("F", 0), ("B", 0)]] * case.n_stages)
 
 
 # --------------------------------------------------------------------------- 3. gpipe_step
@@ -138,17 +140,16 @@ GPIPE_RULE = (" (GPipe: all m forwards, then the m backwards in micro-batch orde
 
 
 def check_gpipe_step(gpipe_step):
-    for p in (2, 3, 4):
-        cases = [_case(p, 2 * m, 80 + p + m, placed=(i % 2 == 1), n_micro=m) for i, m in enumerate(MICRO[p])]
-        cases.append(_case(p, 3 * p, 90 + p, placed=True, n_micro=p))
-        for case, calls in _run(gpipe_step, cases, "gpipe_step"):
-            what = f"gpipe_step on {case.label}"
-            expect_pipeline_step(calls, case, what)
-            expect_pipeline_traffic(calls, case, what)
-            m = case.micro
-            expect_order(calls, case, what, [gpipe_schedule(p, m, s) for s in range(p)], rule=GPIPE_RULE)
-            expect_held(calls, case, what, [m] * p,
-                        rule=f" (GPipe holds every micro-batch's activations until its backward: m = {m})")
+    cases = [_case(p, 2 * m, 80 + p + m, placed=(i % 2 == 1), n_micro=m)
+             for p in (2, 3, 4) for i, m in enumerate(MICRO[p])]
+    for case, calls in _run(gpipe_step, cases, "gpipe_step"):
+        what = f"gpipe_step on {case.label}"
+        expect_pipeline_step(calls, case, what)
+        expect_pipeline_traffic(calls, case, what)
+        p, m = case.n_stages, case.micro
+        expect_order(calls, case, what, [gpipe_schedule(p, m, s) for s in range(p)], rule=GPIPE_RULE)
+        expect_held(calls, case, what, [m] * p,
+                    rule=f" (GPipe holds every micro-batch's activations until its backward: m = {m})")
 
 
 # --------------------------------------------------------------------------- 4. one_f_one_b
@@ -200,18 +201,16 @@ ONE_F_ONE_B_RULE = (" (1F1B: a micro-batch's activations are freed by its backwa
 
 
 def check_run_schedule(run_schedule):
-    for p in (2, 3, 4):
-        cases = [_case(p, 2 * m, 100 + p + m, placed=(i % 2 == 0), n_micro=None,
-                       schedule=[reference_one_f_one_b(p, m, s) for s in range(p)])
-                 for i, m in enumerate(MICRO[p])]
-        cases.append(_case(p, 2 * (p + 1), 110 + p, placed=True,
-                           schedule=[gpipe_schedule(p, p + 1, s) for s in range(p)]))
-        for case, calls in _run(run_schedule, cases, "run_schedule"):
-            m = case.micro
-            gpipe = case.schedule[0] == gpipe_schedule(p, m, 0)
-            what = f"run_schedule({'GPipe' if gpipe else '1F1B'} schedule) on {case.label}, m = {m}"
-            expect_pipeline_step(calls, case, what)
-            expect_pipeline_traffic(calls, case, what)
-            expect_order(calls, case, what, case.schedule, rule=" (run the actions in the order given)")
-            held = [m] * p if gpipe else [min(p - s, m) for s in range(p)]
-            expect_held(calls, case, what, held, at_most=True, rule="" if gpipe else ONE_F_ONE_B_RULE)
+    cases = [_case(p, 2 * m, 100 + p + m, placed=(i % 2 == 0),
+                   schedule=[reference_one_f_one_b(p, m, s) for s in range(p)])
+             for p in (2, 3, 4) for i, m in enumerate(MICRO[p])]
+    cases.append(_case(3, 8, 110, placed=True, schedule=[gpipe_schedule(3, 4, s) for s in range(3)]))
+    for case, calls in _run(run_schedule, cases, "run_schedule"):
+        p, m = case.n_stages, case.micro
+        gpipe = case.schedule[0] == gpipe_schedule(p, m, 0)
+        what = f"run_schedule({'GPipe' if gpipe else '1F1B'} schedule) on {case.label}, m = {m}"
+        expect_pipeline_step(calls, case, what)
+        expect_pipeline_traffic(calls, case, what)
+        expect_order(calls, case, what, case.schedule, rule=" (run the actions in the order given)")
+        held = [m] * p if gpipe else [min(p - s, m) for s in range(p)]
+        expect_held(calls, case, what, held, at_most=True, rule="" if gpipe else ONE_F_ONE_B_RULE)

@@ -117,9 +117,10 @@ class PipelineCase:
     def validate(self):
         """Clear errors for cases that cannot run (caught before any rank starts)."""
         check_cuts(self.cuts, len(self.make_model()))
-        if len(self.ranks) != self.n_stages or sorted(self.ranks) != list(range(self.n_stages)):
-            raise ValueError(f"placement {self.placement} must put the {self.n_stages} stages on ranks "
-                             f"0..{self.n_stages - 1}, one each")
+        ranks = self.ranks
+        if len(ranks) != self.n_stages or len(set(ranks)) != len(ranks) or min(ranks) < 0:
+            raise ValueError(f"placement {self.placement} must put the {self.n_stages} stages on "
+                             f"{self.n_stages} different ranks")
         if len(self.batch) != len(self.targets):
             raise ValueError(f"batch has {len(self.batch)} rows, targets {len(self.targets)}")
         if self.micro < 1 or len(self.batch) % self.micro:
@@ -286,6 +287,8 @@ class _Held:
 def _prepare(rank, case):
     """Inside a rank: build the model, keep this rank's stage, hand the step its arguments."""
     pipeline = case["pipeline"]
+    if rank not in pipeline.ranks:
+        return None  # not in this pipeline: sit the case out
     index = pipeline.stage_of(rank)
     device = rank_device()
     stage = make_stage(pipeline.make_model(), pipeline.cuts, index, ranks=pipeline.ranks, device=device)
@@ -313,19 +316,19 @@ ADVICE = (
 
 
 def run_pipeline_cases(step, cases, *, exercise, group_timeout=GROUP_TIMEOUT, deadline=None):
-    """Run several PipelineCases with the same number of stages in one launch; yield each case's Calls.
+    """Run several PipelineCases in one launch (a launch costs ~0.2-0.5 s); yield each case's Calls.
 
-    Calls are in world-rank order (`by_stage` reorders them). A deadlock or a collective raises an
-    AssertionError naming stages, ranks and micro-batches when its case is reached.
+    The launch has as many ranks as the largest placement needs; a rank outside a case's placement
+    sits that case out (its Call has group_rank None). Calls are in world-rank order (`by_stage`
+    reorders them). A deadlock or a collective raises an AssertionError naming stages, ranks and
+    micro-batches when its case is reached.
     """
     cases = [case.validate() for case in cases]
-    sizes = {case.n_stages for case in cases}
-    if len(sizes) != 1:
-        raise ValueError(f"cases of one launch must have the same number of stages, got {sorted(sizes)}")
+    world_size = 1 + max(max(case.ranks) for case in cases)
     if len({bool(case.warmup) for case in cases}) != 1:
         raise ValueError("cases of one launch must all have a warm-up, or none")
     runnable = [dict(pipeline=case, label=case.label, step=step) for case in cases]
-    yield from run_cases(_after_warmup if cases[0].warmup else step, sizes.pop(), runnable, exercise=exercise,
+    yield from run_cases(_after_warmup if cases[0].warmup else step, world_size, runnable, exercise=exercise,
                          group_timeout=group_timeout, deadline=deadline, prepare=_prepare,
                          describe=describe_stage, advice=ADVICE)
 
