@@ -65,35 +65,3 @@ def solution_code(assignment, exercise):
         if cell.metadata.get("nbgrader", {}).get("grade_id") == exercise:
             return SOLUTION_MARKERS.sub("", cell.source)
     raise AssertionError(f"{assignment} has no cell with grade id {exercise!r}")
-
-
-@dataclass
-class Together:
-    """Planted bugs in independent exercises, graded in one notebook: one nbgrader run instead of several.
-
-        BUGS = [Together("bundle_1", [Bug("partition_layers", ...), Bug("gpipe_step", ...)])]
-
-    Only for exercises whose test cells call nothing but their own exercise: each bug must
-    still lose (and keep) exactly what it would alone. The bugs must replace different cells.
-    """
-
-    name: str
-    bugs: list
-    exercise = None
-
-    def cell_sources(self, assignment):
-        cells = {}
-        for bug in self.bugs:
-            for grade_id, source in bug.cell_sources(assignment).items():
-                if grade_id in cells:
-                    raise AssertionError(f"planted bugs {self.name!r}: two bugs replace cell {grade_id!r}")
-                cells[grade_id] = source
-        return cells
-
-    @property
-    def loses(self):
-        return {grade_id: message for bug in self.bugs for grade_id, message in bug.loses.items()}
-
-    @property
-    def keeps(self):
-        return [grade_id for bug in self.bugs for grade_id in bug.keeps]

@@ -1,7 +1,5 @@
 """Planted bugs for 07_pipeline_parallelism: each must lose the listed cells with a message saying why.
 
-Twenty bugs, graded as four notebooks with one bug per exercise each (planted.Together).
-
 Four per exercise, each a mistake a learner makes: cutting by layer count or greedily, not
 checking the stage count, returning only the inner cuts; a received activation without
 requires_grad_(), neighbours computed from the rank, a gradient ignored, a receive posted
@@ -12,7 +10,7 @@ blocking sends (deadlock), no loss / m, retain_graph=True (activations never fre
 backwards paired with the most recent forward.
 """
 
-from planted import Bug, Together
+from planted import Bug
 
 PARTITION = [
     Bug("partition_layers", "equal_layer_counts", source='''
@@ -142,7 +140,4 @@ RUN_SCHEDULE = [
         loses={"test_run_schedule_basic": "the gradient of"}),
 ]
 
-# The five exercises' test cells call only their own exercise, so one notebook can carry a bug in each:
-# 4 notebooks to grade instead of 20 (each whole-notebook grading costs ~10-15 s here).
-BUGS = [Together(f"bundle_{k}_" + "__".join(bug.name for bug in bugs), list(bugs))
-        for k, bugs in enumerate(zip(PARTITION, NAIVE, GPIPE, ONE_F_ONE_B, RUN_SCHEDULE, strict=True))]
+BUGS = PARTITION + NAIVE + GPIPE + ONE_F_ONE_B + RUN_SCHEDULE
