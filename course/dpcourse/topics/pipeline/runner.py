@@ -36,6 +36,7 @@ Used by notebook 07 (pipeline parallelism) and notebook 09 (hybrid parallelism).
 """
 
 import time
+import traceback
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -242,7 +243,7 @@ class StageWatch:
         if "NoneType" in text and self.events and self.events[-1][0] == "B":
             return (" -- the input's .grad is None: a received activation must get requires_grad_() "
                     "before the forward, so that the backward computes the gradient to send back")
-        if "Invalid destination rank" in text or "Invalid source rank" in text or "Pair is not" in text:
+        if _raised_in_send_or_recv(exc):
             return (f" -- stage {self.stage.index} runs on rank {self.stage.rank}; its neighbours are "
                     f"stage.prev = {self.stage.prev} and stage.next = {self.stage.next} (world ranks)")
         if "does not require grad" in text:
@@ -255,6 +256,12 @@ class StageWatch:
                  for name, p in self.stage.module.named_parameters()}
         return dict(stage=self.stage.index, grads=grads, events=[tuple(e) for e in self.events],
                     peak_held=self.peak, held_at_end=self.held(), forwards=self.forwards)
+
+
+def _raised_in_send_or_recv(exc):
+    """True when the exception came out of dist.send/recv/isend/irecv (a bad peer, a bad buffer)."""
+    return any(frame.name in ("send", "recv", "isend", "irecv") and "distributed_c10d" in frame.filename
+               for frame in traceback.extract_tb(exc.__traceback__))
 
 
 _ACTIVE = None  # the StageWatch of the step running in this rank, if any
