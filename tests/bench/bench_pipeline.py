@@ -39,7 +39,7 @@ from dpgrader.pipeline_parallelism import reference_one_f_one_b  # noqa: E402
 from dpgrader.tuned.pipeline import TunedOneFOneB  # noqa: E402
 
 WIDTH, LINEARS, ROWS, MICRO = 512, 8, 256, 8
-STEPS, ROUNDS = 3, 8
+STEPS, ROUNDS = 3, 12
 TARGET = 1.1
 
 
