@@ -17,6 +17,11 @@ autograd really kept (runner.StageWatch).
 
 Every message names the stage, its rank, and where it can the micro-batch. Used by
 notebooks 07 and 09 and by the hidden checks of notebook 07.
+
+Trust: gradients and losses are values the ranks return, and while grading the messages are
+counted by the grader's router, outside the ranks. The timeline and the activations held are
+observed by hooks inside the learner's process, so code written against the checker could
+forge them (README, "What grading trusts"); they catch honest mistakes, not forgery.
 """
 
 from dpcourse.checks.core import describe, ratio_hint
