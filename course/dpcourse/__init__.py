@@ -7,7 +7,7 @@ Sub-packages by role (each module's docstring names the notebooks that use it):
   reference/ yardsticks computed independently (float64 gradients, single-process training, splits)
   toys/      generated data and small models
   viz/       rank colours, widgets, timelines, curves
-  topics/    tools of one subject: data_parallel, collectives, ddp, ...
+  topics/    tools of one subject: data_parallel, collectives, ddp, pipeline, ...
 """
 
 from dpcourse.runtime.backend import rank_device, resolve_backend

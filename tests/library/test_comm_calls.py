@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from dpcourse import LaunchError
 from dpcourse.checks.collectives import expect_all_reduced, expect_reduce_scattered
-from dpcourse.comm.calls import Call, run_cases, run_p2p, world_peer
+from dpcourse.comm.calls import Call, Prepared, run_cases, run_p2p, world_peer
 from dpcourse.comm.recorder import CommOp
 from dpcourse.comm.traffic import expect_ring_traffic
 from dpcourse.reference.splits import chunk_bounds
@@ -127,3 +127,68 @@ def test_reduce_scatter_and_all_reduce_judgements_point_at_the_chunk():
     calls[1].after = torch.tensor([0.0, 3.0, 9.0, 9.0])
     with pytest.raises(AssertionError, match=r"rank 1: after ar, chunk 1 \(elements 2–3 of 4\)"):
         expect_all_reduced([calls[1], calls[1]], "ar")
+
+
+class Watch:
+    """A minimal Prepared.watch: notes that it ran, and where the rank was."""
+
+    def __init__(self, rank):
+        self.rank, self.entered = rank, False
+
+    def __enter__(self):
+        self.entered = True
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def observed(self):
+        return {"entered": self.entered, "rank": self.rank}
+
+    def where(self):
+        return f"watched rank {self.rank}, half-way"
+
+    def hint(self, exc):
+        return " -- a hint from the watch"
+
+
+def prepare_pairs(rank, case):
+    """Ranks 0 and 1 swap their rank numbers; rank 2 sits out; rank 0 raises when asked to."""
+    if rank == 2:
+        return None
+    return Prepared((torch.tensor([float(rank)]), 1 - rank), {"fail": case.get("fail", False)}, Watch(rank))
+
+
+def swap(x, peer, fail=False):
+    if fail and dist.get_rank() == 0:
+        raise KeyError("boom")
+    out = torch.empty_like(x)
+    works = [dist.irecv(out, peer), dist.isend(x, peer)]
+    for work in works:
+        work.wait()
+    return out
+
+
+def test_prepare_builds_arguments_in_the_rank_watches_the_call_and_lets_ranks_sit_out(no_orphans):
+    (calls,) = run_cases(swap, 3, [dict(label="swap")], exercise="swap", prepare=prepare_pairs)
+    assert [c.result.item() for c in calls[:2]] == [1.0, 0.0]
+    assert calls[0].observed == {"entered": True, "rank": 0} and calls[0].after is None
+    assert calls[2].group_rank is None and calls[2].observed is None and not calls[2].ops
+
+
+def test_an_error_under_a_watch_says_where_the_rank_was(no_orphans):
+    with pytest.raises(LaunchError, match=r"swap on rank 0, watched rank 0, half-way: KeyError: 'boom' -- a"):
+        next(run_cases(swap, 3, [dict(fail=True)], exercise="swap", prepare=prepare_pairs))
+
+
+def receive_only(x, peer, fail=False):
+    dist.recv(x, peer)
+
+
+def test_describe_and_advice_word_a_deadlock_in_the_exercises_terms(no_orphans):
+    with pytest.raises(AssertionError) as error:
+        next(run_cases(receive_only, 3, [dict()], exercise="pair", prepare=prepare_pairs, group_timeout=2,
+                       describe=lambda call, case: f"worker {call.rank}: {call.stuck}", advice="Send first."))
+    message = str(error.value)
+    assert "worker 0: in recv from rank 1" in message and "worker 1: in recv from rank 0" in message
+    assert message.endswith("Send first.") and "worker 2" not in message

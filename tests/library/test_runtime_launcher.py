@@ -275,3 +275,24 @@ def test_two_launches_at_once_do_not_collide(tmp_path):
     for proc in procs:
         out, err = proc.communicate(timeout=120)
         assert proc.returncode == 0 and out.strip() == "ok", err
+
+
+def not_written():
+    raise NotImplementedError()
+
+
+def broken():
+    raise KeyError("a real bug")
+
+
+def test_unless_not_written_names_unwritten_exercises_and_lets_real_bugs_through(capsys, no_orphans):
+    from dpcourse.runtime.failures import unless_not_written
+
+    with unless_not_written("my_slice"):
+        not_written()
+    with unless_not_written("gpipe_step", "run_schedule"):
+        launch(not_written, 2)
+    assert capsys.readouterr().out.splitlines()[-2:] == ["my_slice is not written yet",
+                                                         "gpipe_step or run_schedule are not written yet"]
+    with pytest.raises(LaunchError, match="a real bug"), unless_not_written("my_slice"):
+        launch(broken, 2)

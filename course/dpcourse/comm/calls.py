@@ -15,10 +15,18 @@ A deadlock must end in seconds with a sentence naming the ranks and the call eac
 stuck in, not with gloo's internals: every rank catches its own timeout ("Timed out
 waiting 3000ms for recv") or the "connection closed" it gets once a peer gives up, and
 reports which call it was blocked in. The caller turns that into one AssertionError.
+
+Exercises whose ranks need more than one input tensor (a pipeline stage needs its layers,
+its neighbours and the batch) hand `run_cases` a `prepare(rank, case)` that builds the
+rank's arguments inside the rank, and may watch the call (`Prepared.watch`: what it saw
+lands in `Call.observed`, and it says where in its work a rank was when it raised).
+`describe(call, case)` then names each rank's part of a deadlock in the exercise's terms
+("stage 1 ... the activation of micro-batch 2"). Notebook 07 runs its pipelines this way.
 """
 
 import re
 import traceback
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -50,6 +58,7 @@ class Call:
     ops: list = field(default_factory=list)  # CommOp list: op, peer (group rank), nbytes
     stuck: str | None = None  # "in recv from rank 3 (`dist.recv(buf, left)`)" after a timeout
     forbidden: str | None = None  # the ForbiddenCollective message
+    observed: dict | None = None  # what a Prepared.watch saw in the rank (None without one)
 
     @property
     def group_size(self):
@@ -81,7 +90,23 @@ def run_p2p(fn, inputs, *, exercise, args=(), kwargs=None, reference=None, group
                           deadline=deadline))
 
 
-def run_cases(fn, world_size, cases, *, exercise, group_timeout=GROUP_TIMEOUT, deadline=None):
+@dataclass
+class Prepared:
+    """What a `prepare(rank, case)` function returns inside a rank: fn's arguments and a watch.
+
+    watch: None, or a context manager entered around the call with `observed()` (a dict of
+    plain values, stored in Call.observed even when the call failed), `where()` (a few words
+    on where the rank was in its work, added to the message of an exception) and optionally
+    `hint(exception)` (a sentence appended to that message, or "").
+    """
+
+    args: tuple
+    kwargs: dict = field(default_factory=dict)
+    watch: object = None
+
+
+def run_cases(fn, world_size, cases, *, exercise, group_timeout=GROUP_TIMEOUT, deadline=None,
+              prepare=None, describe=None, advice=None):
     """Several cases on the same ranks in one launch (a launch costs ~0.1-0.5 s, a case ~ms).
 
     Each case is a dict like run_p2p's arguments: inputs (one per world rank), args, kwargs,
@@ -93,26 +118,34 @@ def run_cases(fn, world_size, cases, *, exercise, group_timeout=GROUP_TIMEOUT, d
     call, where it got stuck); who belongs to which group and the expected values are worked
     out here, in the caller. While grading, each case is a launch of its own and the messages
     come from the grader's router, which counts them outside the ranks.
+
+    prepare: a picklable `prepare(rank, case) -> Prepared`, run inside each rank, that builds
+    fn's arguments instead of handing fn its input tensor (the case then needs no `inputs`);
+    None makes the rank sit the case out (cases of different sizes share one launch).
+    describe: `describe(call, case) -> str`, one line per rank in a deadlock message.
+    advice: what a deadlock message advises, in place of the ring exercises' advice.
     """
+    describe_case = (lambda case: None) if describe is None else (
+        lambda case: lambda call: describe(call, case))
     if observed_traffic() is not None:  # graded: one launch per case, traffic as the router saw it
         for case in cases:
             with launch_options(p2p_only=True, exercise=exercise):
-                per_rank = launch(_rank_side, world_size, fn, [case], exercise, group_timeout=group_timeout,
-                                  deadline=deadline)
+                per_rank = launch(_rank_side, world_size, fn, [case], exercise, prepare,
+                                  group_timeout=group_timeout, deadline=deadline)
             traffic = observed_traffic()
             for reports in per_rank:
                 if reports:
                     reports[0]["ops"] = None
             calls = _calls_of(case, [r[0] if r else None for r in per_rank], traffic)
-            _raise_problems(calls, exercise, case.get("label"), group_timeout)
+            _raise_problems(calls, exercise, case.get("label"), group_timeout, describe_case(case), advice)
             yield calls
         return
-    per_rank = launch(_rank_side, world_size, fn, cases, exercise, group_timeout=group_timeout,
+    per_rank = launch(_rank_side, world_size, fn, cases, exercise, prepare, group_timeout=group_timeout,
                       deadline=deadline)
     for index, case in enumerate(cases):
         reports = [rank_reports[index] if index < len(rank_reports) else None for rank_reports in per_rank]
         calls = _calls_of(case, reports, None)
-        _raise_problems(calls, exercise, case.get("label"), group_timeout)
+        _raise_problems(calls, exercise, case.get("label"), group_timeout, describe_case(case), advice)
         yield calls
 
 
@@ -136,11 +169,12 @@ def _calls_of(case, reports, traffic):
         members = _members_of(case, rank, world_size)
         call = Call(rank, None)
         calls.append(call)
-        if members is None or report is None:
+        if members is None or report is None or report.get("sat_out"):
             continue
         call.group_rank, call.group_members = members.index(rank), members
         call.result, call.after = report.get("result"), report.get("after")
         call.stuck, call.forbidden = report.get("stuck"), report.get("forbidden")
+        call.observed = report.get("observed")
         if traffic is not None:
             call.ops = list(traffic[rank])
         else:
@@ -158,11 +192,11 @@ def _sum_over(inputs, members):
     return total
 
 
-def _rank_side(fn, cases, exercise):
+def _rank_side(fn, cases, exercise, prepare=None):
     """Runs on every rank: each case in order, stopping at the first one that went wrong.
 
     Reports plain values only (what the learner's function returned, its first argument after
-    the call, where it got stuck, its calls as the in-rank recorder saw them).
+    the call, where it got stuck, its calls as the in-rank recorder saw them, what a watch saw).
     """
     rank, reports = dist.get_rank(), []
     for case in cases:
@@ -172,14 +206,21 @@ def _rank_side(fn, cases, exercise):
             continue
         report = {}
         reports.append(report)
-        x = _to_device(case["inputs"][rank])
-        kwargs = dict(case.get("kwargs") or {})
+        if prepare is None:
+            x = _to_device(case["inputs"][rank])
+            args, kwargs, watch = (x, *case.get("args", ())), dict(case.get("kwargs") or {}), None
+        else:
+            prepared = prepare(rank, case)
+            if prepared is None:  # this rank sits the case out
+                report["sat_out"] = True
+                continue
+            x, args, kwargs, watch = None, tuple(prepared.args), dict(prepared.kwargs), prepared.watch
         if case.get("groups") is not None:
             kwargs["group"] = group
         recorder = CommRecorder(p2p_only=True, exercise=exercise)
         try:
-            with recorder:
-                report["result"] = fn(x, *case.get("args", ()), **kwargs)
+            with watch if watch is not None else nullcontext(), recorder:
+                report["result"] = fn(*args, **kwargs)
         except ForbiddenCollective as exc:
             report["forbidden"] = str(exc)
         except Exception as exc:  # a timeout or a vanished peer is a deadlock; anything else is a bug
@@ -188,8 +229,15 @@ def _rank_side(fn, cases, exercise):
                                    f"is not connected\"): a rank has no connection to itself; on a single "
                                    f"rank there is nobody to talk to") from exc
             if not (isinstance(exc, RuntimeError) and WAITED.search(str(exc))):
+                if watch is not None and hasattr(watch, "where"):
+                    hint = watch.hint(exc) if hasattr(watch, "hint") else ""
+                    raise RuntimeError(f"{exercise} on rank {rank}, {watch.where()}: "
+                                       f"{type(exc).__name__}: {exc}{hint}") from exc
                 raise
             report["stuck"] = _blocked_in(exc, recorder.ops)
+        finally:
+            if watch is not None:
+                report["observed"] = to_cpu(watch.observed())
         report["ops"] = [[o.op, o.peer, o.nbytes, o.start, o.end, o.group] for o in recorder.ops]
         report["result"], report["after"] = to_cpu(report.get("result")), to_cpu(x)
         if report.get("stuck") or report.get("forbidden"):
@@ -229,7 +277,14 @@ def _blocked_in(exc, ops):
     return f"in {call}(){where}" + (f", after {recent}" if recent else "")
 
 
-def _raise_problems(calls, exercise, label, group_timeout):
+RING_ADVICE = (
+    "A blocking dist.send returns only once its peer has posted the matching recv (and a recv "
+    "once a matching send arrives): if every rank sends first, or every rank receives first, "
+    "they wait in a circle. Order the calls so a partner is always posted (even ranks send "
+    "first, odd ranks receive first), or post isend/irecv together and then wait.")
+
+
+def _raise_problems(calls, exercise, label, group_timeout, describe=None, advice=None):
     where = f" ({label})" if label else ""
     forbidden = [c for c in calls if c is not None and c.forbidden]
     if forbidden:
@@ -241,7 +296,9 @@ def _raise_problems(calls, exercise, label, group_timeout):
         group = members(calls)
         lines = []
         for c in group:
-            if c.stuck:
+            if describe is not None:
+                lines.append(f"  {describe(c)}")
+            elif c.stuck:
                 lines.append(f"  rank {c.rank}: blocked {c.stuck}")
             else:
                 lines.append(f"  rank {c.rank}: finished its call ({len(c.sends)} send(s), "
@@ -249,11 +306,7 @@ def _raise_problems(calls, exercise, label, group_timeout):
         raise AssertionError(
             f"{exercise}{where} deadlocked: rank{'s' if len(stuck) > 1 else ''} "
             f"{_names([c.rank for c in stuck])} of {len(group)} waited {group_timeout:g} s for a "
-            f"partner that never came:\n" + "\n".join(lines) + "\n"
-            "A blocking dist.send returns only once its peer has posted the matching recv (and a recv "
-            "once a matching send arrives): if every rank sends first, or every rank receives first, "
-            "they wait in a circle. Order the calls so a partner is always posted (even ranks send "
-            "first, odd ranks receive first), or post isend/irecv together and then wait.")
+            f"partner that never came:\n" + "\n".join(lines) + "\n" + (advice or RING_ADVICE))
 
 
 def _names(ranks):
