@@ -49,7 +49,7 @@ class ForbiddenCollective(RuntimeError):
 class CommOp:
     op: str  # "send", "recv", "all_reduce", ...
     peer: int | None  # the other rank of a send/recv (rank in its group); None for collectives
-    nbytes: int  # bytes of the tensors handed to the call (per rank)
+    nbytes: int  # bytes of the call's first tensor argument on this rank (see __torch_dispatch__)
     start: float  # time.perf_counter() when the call was issued
     end: float  # when the call returned (for async calls: when it was queued, not finished)
     group: tuple | None = None  # world ranks of the process group the call ran on, in group order
@@ -69,6 +69,17 @@ def group_members(process_group):
         return tuple(dist.get_process_group_ranks(group))
     except Exception:  # noqa: BLE001 - a name for messages only
         return None
+
+
+def _group_of(args):
+    """The world ranks of the call's process group, wherever the operator takes it: second for
+    all_reduce, broadcast and send/recv, third for all_gather and reduce_scatter (outputs, inputs, group)."""
+    for arg in args:
+        if isinstance(arg, torch.ScriptObject):
+            members = group_members(arg)
+            if members is not None:
+                return members
+    return None
 
 
 def _tensors(value):
@@ -131,9 +142,11 @@ class CommRecorder(TorchDispatchMode):
         name = NAMES.get(qualified.split("::", 1)[1], qualified.split("::", 1)[1].rstrip("_"))
         self._refuse(name, qualified.split("::")[1])
         peer = args[2] if name in ("send", "recv") and len(args) > 2 else None
-        # collectives list input and output tensors: count the inputs (the first argument)
+        # the tensors of the first argument: the data of all_reduce, broadcast and send/recv, but the
+        # *outputs* of all_gather (N chunks) and reduce_scatter (this rank's chunk); comm.volume
+        # turns each into the bytes a rank sends
         nbytes = sum(t.numel() * t.element_size() for t in _tensors(args[0] if args else ()))
-        group = group_members(args[1]) if len(args) > 1 else None
+        group = _group_of(args)
         start = time.perf_counter()
         out = func(*args, **(kwargs or {}))
         self.ops.append(CommOp(name, peer, nbytes, start, time.perf_counter(), group))
