@@ -10,9 +10,9 @@ ZeRO's reduce-scatter and all-gathers, notebook 10), each call is converted into
 one rank sends when the collective runs as a bandwidth-optimal ring (notebook 04; NCCL's
 ring algorithm), with S the bytes of the whole vector and N the group size:
 
-    all_reduce      2(N-1)/N · S      (a reduce-scatter, then an all-gather)
-    reduce_scatter   (N-1)/N · S      S = the whole input; the recorder sees this rank's chunk S/N
-    all_gather       (N-1)/N · S      S = the whole output, which the recorder sees
+    all_reduce      2(N-1)/N · S      the recorder sees the whole vector S
+    reduce_scatter   (N-1)/N · S      the recorder sees the whole input S
+    all_gather       (N-1)/N · S      S = the whole output; the recorder sees this rank's chunk S/N
     broadcast        (N-1)/N · S      the average over ranks of a pipelined ring (the last rank sends nothing)
     send                 S            its own bytes; a recv sends nothing
 
@@ -25,10 +25,10 @@ from collections import defaultdict
 # bytes a rank sends, as a multiple of the recorded nbytes, for a group of n ranks
 _RING = {
     "all_reduce": lambda n: 2 * (n - 1) / n,
-    "all_gather": lambda n: (n - 1) / n,  # recorded: the N gathered chunks (the whole output)
-    "all_gather_into_tensor": lambda n: (n - 1) / n,
-    "reduce_scatter": lambda n: n - 1,  # recorded: this rank's output chunk, S/N
-    "reduce_scatter_tensor": lambda n: n - 1,
+    "all_gather": lambda n: n - 1,  # recorded: this rank's chunk, S/N
+    "all_gather_into_tensor": lambda n: n - 1,
+    "reduce_scatter": lambda n: (n - 1) / n,  # recorded: the whole input, S
+    "reduce_scatter_tensor": lambda n: (n - 1) / n,
     "broadcast": lambda n: (n - 1) / n,
     "send": lambda n: 1,
 }

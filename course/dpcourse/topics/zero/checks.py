@@ -113,13 +113,13 @@ def expect_zero1(results, model, seed, steps, per_rank, what="ShardedOptimizer")
         summary = result["optimizer"]
         if n > 1 and summary["numel"] == numel:
             raise AssertionError(
-                f"rank {rank}: {what}'s optimizer steps all {numel} elements of the model (its state: "
-                f"{summary['state_bytes']} bytes): ZeRO-1 keeps optimizer state for this rank's shard only, "
-                f"{_span(a, b)} of the flat parameter vector (chunk_bounds({numel}, {n})[{rank}]): "
-                f"about 1/{n} of it")
+                f"rank {rank}: {what}: the local optimizer steps all {numel} elements of the model (its "
+                f"state: {summary['state_bytes']} bytes): ZeRO-1 keeps optimizer state for this rank's "
+                f"shard only, {_span(a, b)} of the flat parameter vector (chunk_bounds({numel}, {n})"
+                f"[{rank}]): about 1/{n} of it")
         if summary["numel"] != b - a:
             raise AssertionError(_boundary_message(f"rank {rank}", rank, n, numel, summary["numel"], a, b,
-                                                   f"{what}'s optimizer", "shard"))
+                                                   what, "shard (what its optimizer steps)"))
         if summary["storage_bytes"] > (b - a) * element:
             raise AssertionError(
                 f"rank {rank}: {what}: the shard the optimizer steps lives in a storage of "
@@ -136,45 +136,49 @@ def expect_zero1(results, model, seed, steps, per_rank, what="ShardedOptimizer")
         for key, full in ref["optimizer"].items():
             mine = result["optimizer"]["state"].get(key)
             if mine is None:
-                raise AssertionError(f"rank {rank}: {what}'s optimizer has no '{key}' state")
+                raise AssertionError(f"rank {rank}: {what}: the local optimizer has no '{key}' state")
             if not _close(mine, full[a:b]):
                 j = _which_chunk(mine, full, bounds, rank)
                 hint = (f" -- it is the state of chunk {j} ({_span(*bounds[j])}): rank r owns chunk r"
                         if j is not None else "")
                 raise AssertionError(
-                    f"rank {rank}: {what}: its optimizer's {key} is {describe(mine.float())}, expected the "
-                    f"single-process {key} of {_span(a, b)} {describe(full[a:b].float())}{hint}")
+                    f"rank {rank}: {what}: the local optimizer's {key} is {describe(mine)}, expected the "
+                    f"single-process {key} of {_span(a, b)} {describe(full[a:b])}{hint}")
         per_element = len(ref["optimizer"]) * element
         limit = per_element * (b - a) + 64  # + a few step counters
         if result["optimizer"]["state_bytes"] > limit:
             raise AssertionError(
-                f"rank {rank}: {what}'s optimizer state holds {result['optimizer']['state_bytes']} bytes, "
-                f"expected about {per_element * (b - a)} ({len(ref['optimizer'])} x {b - a} elements x "
-                f"{element} bytes) for its shard")
-    expect_all_gather_traffic(results, numel, element, what)
+                f"rank {rank}: {what}: the local optimizer's state holds "
+                f"{result['optimizer']['state_bytes']} bytes, expected about {per_element * (b - a)} "
+                f"({len(ref['optimizer'])} x {b - a} elements x {element} bytes) for its shard")
+    expect_all_gather_traffic(results, numel, element, what, steps)
 
 
-def expect_all_gather_traffic(results, numel, element, what):
-    """Each step() sends at most one all-gather's worth: (N-1) padded shards of ⌈S/N⌉ elements."""
+def _per_step(ops, n, steps):
+    sent = bytes_sent(ops, n)
+    by_op = ", ".join(f"{op} {v / steps:.0f}" for op, v in volume_by_op(ops, n).items()) or "nothing"
+    return sent / steps, by_op
+
+
+def expect_all_gather_traffic(results, numel, element, what, steps):
+    """A step() sends at most one all-gather's worth: (N-1) padded shards of ⌈S/N⌉ elements."""
     n = len(results)
     chunk = math.ceil(numel / n)
     limit = (n - 1) * chunk * element
     for rank, result in enumerate(results):
-        for step, ops in enumerate(result["ops"]):
-            sent = bytes_sent(ops, n)
-            if sent > limit + 0.5:
-                by_op = ", ".join(f"{op} {v:.0f}" for op, v in volume_by_op(ops, n).items())
-                raise AssertionError(
-                    f"rank {rank}: {what}.step() sent {sent:.0f} bytes in step {step} ({by_op}), "
-                    f"{sent / max(limit, 1):.2f}x an all-gather of the shards: (N-1)/N·S = {n - 1}/{n} x "
-                    f"{numel * element} bytes (padded: {n - 1} x {chunk} elements x {element} bytes = "
-                    f"{limit}). An all-reduce would send twice that")
+        sent, by_op = _per_step(result["ops"], n, steps)
+        if sent > limit + 0.5:
+            raise AssertionError(
+                f"rank {rank}: {what}: step() sent {sent:.0f} bytes per step ({by_op}), "
+                f"{sent / max(limit, 1):.2f}x an all-gather of the shards: (N-1)/N·S = {n - 1}/{n} x "
+                f"{numel * element} bytes (padded: {n - 1} x {chunk} elements x {element} bytes = "
+                f"{limit}). An all-reduce would send twice that")
 
 
 # --------------------------------------------------------------------------- 2. reduce_scatter_gradients
 
-def _local_first_gradient(model, seed, per_rank, rank, n):
-    make, X, Y = run_data(model, seed, 1, per_rank, n)
+def _local_first_gradient(model, seed, steps, per_rank, rank, n):
+    make, X, Y = run_data(model, seed, steps, per_rank, n)
     net = make()
     grads = single_process_gradients(net, *my_share(X, Y, 0, per_rank, rank, n, "cpu"))
     return flat([grads[name] for name, p in net.named_parameters() if p.requires_grad])
@@ -206,26 +210,24 @@ def expect_zero2(results, model, seed, steps, per_rank, what="reduce_scatter_gra
                                                        where, "gradient shard"))
             if not _close(shard, average[a:b]):
                 raise AssertionError(_gradient_shard_message(shard, average, bounds, rank, n, where, model,
-                                                             seed, per_rank, step))
+                                                             seed, steps, per_rank, step))
             if result["held"][step]:
                 raise AssertionError(
                     f"rank {rank}: after {where}, the parameters still hold full gradients "
                     f"({result['held'][step]} elements in their .grad): ZeRO-2 keeps only this rank's "
                     f"shard ({b - a} elements); set every p.grad to None once it is reduce-scattered")
-            sent = bytes_sent(result["ops"][step], n)
-            limit = (n - 1) * chunk * element
-            if sent > limit + 0.5:
-                by_op = ", ".join(f"{op} {v:.0f}" for op, v in volume_by_op(result["ops"][step], n).items())
-                raise AssertionError(
-                    f"rank {rank}: {where} sent {sent:.0f} bytes ({by_op}), {sent / max(limit, 1):.2f}x a "
-                    f"reduce-scatter: (N-1)/N·S = {n - 1}/{n} x {numel * element} bytes (padded: {limit}). "
-                    f"An all-reduce sends 2(N-1)/N·S and gives every rank the whole average, which ZeRO-2 "
-                    f"would throw away")
+    limit = (n - 1) * chunk * element
     for rank, result in enumerate(results):
-        expect_same_state(result["state"], ref["state"], f"{what}, after {steps} steps", rank=rank)
+        sent, by_op = _per_step(result["ops"], n, steps)
+        if sent > limit + 0.5:
+            raise AssertionError(
+                f"rank {rank}: {what} sent {sent:.0f} bytes per step ({by_op}), "
+                f"{sent / max(limit, 1):.2f}x a reduce-scatter: (N-1)/N·S = {n - 1}/{n} x "
+                f"{numel * element} bytes (padded: {limit}). An all-reduce sends 2(N-1)/N·S and gives "
+                f"every rank the whole average, which ZeRO-2 would throw away")
 
 
-def _gradient_shard_message(shard, average, bounds, rank, n, where, model, seed, per_rank, step):
+def _gradient_shard_message(shard, average, bounds, rank, n, where, model, seed, steps, per_rank, step):
     a, b = bounds[rank]
     hint = ""
     if n > 1 and _close(shard, n * average[a:b]):
@@ -236,15 +238,15 @@ def _gradient_shard_message(shard, average, bounds, rank, n, where, model, seed,
         hint = (f" -- that is {_span(a + d, b + d)}: the shard boundaries are off by {d} (rank r's shard is "
                 f"chunk_bounds(S, N)[r])")
     elif step == 0:
-        local = _local_first_gradient(model, seed, per_rank, rank, n)
+        local = _local_first_gradient(model, seed, steps, per_rank, rank, n)
         if _close(shard, local[a:b]):
             hint = " -- that is this rank's own gradient: it was never reduced over ranks"
         elif n > 1 and _close(shard, local[a:b] / n):
             hint = " -- that is this rank's own gradient divided by N: the reduction did not happen"
     if not hint:
         hint = ratio_hint(shard, average[a:b])
-    return (f"rank {rank}: {where} returned {describe(shard.float())}, expected its shard of the gradient "
-            f"averaged over ranks, {_span(a, b)}: {describe(average[a:b].float())}{hint}")
+    return (f"rank {rank}: {where} returned {describe(shard)}, expected its shard of the gradient "
+            f"averaged over ranks, {_span(a, b)}: {describe(average[a:b])}{hint}")
 
 
 # --------------------------------------------------------------------------- 3. MiniFSDP
@@ -324,9 +326,13 @@ def _expect_fsdp_group(results, members, layout, model, seed, steps, per_rank, w
                 elif (j := _which_chunk(grad, first, bounds, g)) is not None:
                     hint = f" -- that is the average of chunk {j}: rank r keeps chunk r"
                 raise AssertionError(
-                    f"rank {rank}: {where}: its shard's gradient is {describe(grad.float())}, expected the "
+                    f"rank {rank}: {where}: its shard's gradient is {describe(grad)}, expected the "
                     f"average over ranks of {_span(lo + a, lo + b)} of the flat gradient: "
-                    f"{describe(first[a:b].float())}{hint}")
+                    f"{describe(first[a:b])}{hint}")
+    for result, rank in zip(results, members, strict=True):
+        _expect_units_freed(result, rank, what, max_unsharded)
+    for u, name in enumerate(names):
+        lo, hi = offsets[name]
         assembled = torch.cat([r["shards"][u].reshape(-1) for r in results])
         want = ref["params"][lo:hi]
         if not _close(assembled, want):
@@ -341,9 +347,8 @@ def _expect_fsdp_group(results, members, layout, model, seed, steps, per_rank, w
         for name, value in result["frozen"].items():
             if not torch.equal(value.cpu(), ref["state"][name].cpu()):
                 raise AssertionError(f"rank {rank}: {what}: the frozen parameter {name} changed")
-        _expect_units_freed(result, rank, what, max_unsharded)
         _expect_memory(result, rank, n, layout, element, what)
-        _expect_fsdp_traffic(result, rank, n, layout, element, what)
+        _expect_fsdp_traffic(result, rank, n, layout, element, what, steps)
 
 
 def _expect_units_freed(result, rank, what, max_unsharded):
@@ -392,18 +397,16 @@ def _expect_memory(result, rank, n, layout, element, what):
                              f"unit's full gradient (unit.full.grad = None) once it is reduce-scattered")
 
 
-def _expect_fsdp_traffic(result, rank, n, layout, element, what):
+def _expect_fsdp_traffic(result, rank, n, layout, element, what, steps):
     if n == 1:
         return
     per_unit = [math.ceil(sum(k for _, k in params) / n) for _, params in layout]
     limit = 3 * (n - 1) * sum(per_unit) * element
     total = sum(sum(k for _, k in params) for _, params in layout) * element
-    for step, ops in enumerate(result["ops"]):
-        sent = bytes_sent(ops, n)
-        if sent > limit + 0.5:
-            by_op = ", ".join(f"{op} {v:.0f}" for op, v in volume_by_op(ops, n).items())
-            ideal = (n - 1) / n * total
-            raise AssertionError(
-                f"rank {rank}: {what} sent {sent:.0f} bytes in step {step} ({by_op}) = "
-                f"{sent / ideal:.2f}(N-1)/N·S, expected 3(N-1)/N·S = {3 * ideal:.0f} (padded: {limit}): one "
-                f"all-gather per unit in forward, one in backward, one reduce-scatter")
+    sent, by_op = _per_step(result["ops"], n, steps)
+    if sent > limit + 0.5:
+        ideal = (n - 1) / n * total
+        raise AssertionError(
+            f"rank {rank}: {what} sent {sent:.0f} bytes per step ({by_op}) = {sent / ideal:.2f}(N-1)/N·S, "
+            f"expected 3(N-1)/N·S = {3 * ideal:.0f} (padded: {limit}): one all-gather per unit in "
+            f"forward, one in backward, one reduce-scatter")

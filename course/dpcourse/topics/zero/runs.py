@@ -12,7 +12,9 @@ That is exactly what `reference.flat.single_process_run` replays in one process.
 
 Runs return plain values only (state_dicts, flat tensors, CommOp records, numbers), which
 the test cell compares with its own reference (dpcourse.topics.zero.checks): nothing here
-judges anything.
+judges anything. Their scaffolding does not communicate (an averaged gradient is computed
+from the whole global batch on each rank), so every call on the wire is the learner's, and
+`launch_run` can hand the checks the grader's own count of them when grading.
 """
 
 import torch
@@ -23,9 +25,12 @@ from dpcourse.reference.flat import flat, trainable
 from dpcourse.reference.gradients import state_of
 from dpcourse.reference.splits import chunk_bounds
 from dpcourse.runtime.backend import rank_device
+from dpcourse.runtime.failures import LaunchError
+from dpcourse.runtime.launcher import launch, observed_traffic
+from dpcourse.runtime.timeouts import TIMEOUTS
 from dpcourse.topics.zero.memory import held_bytes, optimizer_summary
 from dpcourse.topics.zero.units import UnitRecorder
-from dpcourse.toys.data import my_share, smooth_regression_data
+from dpcourse.toys.data import global_batch, my_share, smooth_regression_data
 from dpcourse.toys.models import MODELS, loss_fn
 
 LR = 0.01
@@ -45,6 +50,40 @@ def model_label(model):
     return f"{name}({', '.join(f'{k}={v}' for k, v in options.items())})"
 
 
+FREED = ("out of bounds for storage of size 0", "SIGSEGV")
+
+
+def explain_crash(error):
+    """The sentence to add when a rank used a FlatUnit's freed memory: autograd refuses a saved tensor
+    whose storage is empty ("... out of bounds for storage of size 0"), and other reads crash the
+    process (SIGSEGV). In MiniFSDP, either means a unit was not gathered before use."""
+    if not any(sign in str(error) for sign in FREED):
+        return ""
+    return (" -- a unit's parameters were used while freed (their memory is 0 bytes). Gather a unit "
+            "(unit.alloc() and the all-gather) before its forward and again before its backward")
+
+
+def launch_run(run, world_size, learner, *args, group_timeout=TIMEOUTS["test_group"], **kwargs):
+    """launch(run, world_size, learner, *args, **kwargs) for a test cell.
+
+    Each result's "ops" becomes the rank's whole communication in the run as the grader's router
+    saw it when graded (launcher.observed_traffic), else as the rank's own recorder saw it. A
+    LaunchError becomes an AssertionError whose first line says which rank failed, and how.
+    """
+    try:
+        results = launch(run, world_size, learner, *args, group_timeout=group_timeout, **kwargs)
+    except LaunchError as error:
+        name = getattr(learner, "name", None) or getattr(learner, "__name__", "your code")
+        first, _, rest = str(error).partition("\n")
+        raise AssertionError(f"{name} on {world_size} rank(s): {first}{explain_crash(error)}\n"
+                             f"{rest}") from None
+    traffic = observed_traffic()
+    if traffic is not None:
+        for result, ops in zip(results, traffic, strict=True):
+            result["ops"] = list(ops)
+    return results
+
+
 def run_data(model, seed, steps, per_rank, world_size=None):
     """(make_model, X, Y) of a run: what ranks train on and what the reference replays."""
     world_size = dist.get_world_size() if world_size is None else world_size
@@ -59,6 +98,14 @@ def _batches(model, seed, steps, per_rank, rank=None, world_size=None):
     return [my_share(X, Y, step, per_rank, rank, world_size) for step in range(steps)]
 
 
+def _global_batches(model, seed, steps, per_rank, world_size=None):
+    world_size = dist.get_world_size() if world_size is None else world_size
+    _, X, Y = run_data(model, seed, steps, per_rank, world_size)
+    device = rank_device()
+    return [tuple(t.to(device) for t in global_batch(X, Y, step, per_rank * world_size))
+            for step in range(steps)]
+
+
 def average_gradients(params):
     """What DDP does between backward and the optimizer: every gradient becomes the average over ranks."""
     for p in params:
@@ -67,75 +114,63 @@ def average_gradients(params):
             p.grad /= dist.get_world_size()
 
 
-def zero1_run(ShardedOptimizer, model, seed, steps, per_rank, explicit_shard=False):
-    """ZeRO-1 as ZeroRedundancyOptimizer is used: gradients averaged like DDP, then opt.step().
+def global_gradient(net, xb, yb):
+    """Every .grad set to the gradient of the whole global batch, computed on this rank alone.
 
-    explicit_shard=True passes step() this rank's slice of the averaged gradient instead.
-    Returns {"state", "optimizer" (optimizer_summary of opt.optimizer), "ops" (per step, in step())}.
+    The same numbers DDP's averaging gives (the mean over B samples is the mean of the N shard
+    means), without communication: a test's scaffolding then leaves the learner's calls alone on
+    the wire.
+    """
+    net.zero_grad(set_to_none=True)
+    loss_fn(net(xb), yb).backward()
+
+
+def zero1_run(ShardedOptimizer, model, seed, steps, per_rank, explicit_shard=False):
+    """ZeRO-1 as ZeroRedundancyOptimizer is used: after the gradients are averaged, opt.step().
+
+    The averaged gradient comes from `global_gradient` (no communication), so every call on the
+    wire is the learner's. explicit_shard=True passes step() this rank's slice of it instead.
+    Returns {"state", "optimizer" (optimizer_summary of opt.optimizer), "ops" (the whole run)}.
     """
     net = build_model(model, seed, rank_device())
-    opt = ShardedOptimizer(net.parameters(), torch.optim.AdamW, lr=LR)
     params = trainable(net.parameters())
     start, stop = chunk_bounds(sum(p.numel() for p in params), dist.get_world_size())[dist.get_rank()]
-    ops = []
-    for xb, yb in _batches(model, seed, steps, per_rank):
-        opt.zero_grad()
-        loss_fn(net(xb), yb).backward()
-        average_gradients(params)
-        shard = None
-        if explicit_shard:
-            shard = torch.cat([p.grad.reshape(-1) for p in params])[start:stop].clone()
-        with CommRecorder() as rec:
-            opt.step() if shard is None else opt.step(shard)
-        ops.append(rec.ops)
-    return {"state": state_of(net), "optimizer": optimizer_summary(opt.optimizer), "ops": ops}
-
-
-def rebuild_average(params, shard):
-    """Test scaffolding for reduce_scatter_gradients: every rank's shard back into one averaged
-    gradient in every .grad (zeros but your slice, then an all-reduce), so a plain optimizer can
-    step. Not ZeRO: it lets a test judge the gradient shards alone."""
-    numel = sum(p.numel() for p in params)
-    start, stop = chunk_bounds(numel, dist.get_world_size())[dist.get_rank()]
-    full = torch.zeros(numel, dtype=params[0].dtype, device=params[0].device)
-    full[start:stop] = shard.detach().reshape(-1)
-    dist.all_reduce(full)
-    offset = 0
-    for p in params:
-        p.grad = full[offset:offset + p.numel()].view_as(p).clone()
-        offset += p.numel()
+    with CommRecorder() as rec:
+        opt = ShardedOptimizer(net.parameters(), torch.optim.AdamW, lr=LR)
+        for xb, yb in _global_batches(model, seed, steps, per_rank):
+            opt.zero_grad()
+            global_gradient(net, xb, yb)
+            if explicit_shard:
+                opt.step(torch.cat([p.grad.reshape(-1) for p in params])[start:stop].clone())
+            else:
+                opt.step()
+    return {"state": state_of(net), "optimizer": optimizer_summary(opt.optimizer), "ops": rec.ops}
 
 
 def zero2_run(reduce_scatter_gradients, model, seed, steps, per_rank):
-    """reduce_scatter_gradients after each backward; a plain AdamW steps the rebuilt average.
+    """reduce_scatter_gradients after each backward on this rank's share of the batch.
 
-    Returns {"state", "shards" (what it returned, per step), "held" (elements of full gradients
-    still in .grad after the call, per step), "ops" (per step, in the call)}. Stops early if a
-    returned shard has the wrong size (the test cell says why).
+    What it returns is judged, not used: a plain AdamW steps the global gradient computed here
+    (no communication), so each step's input is the reference's. Returns {"shards" (what it
+    returned, per step), "held" (elements of full gradients still in .grad after the call, per
+    step), "ops" (the whole run)}.
     """
     net = build_model(model, seed, rank_device())
     params = trainable(net.parameters())
     opt = torch.optim.AdamW(params, lr=LR)
-    numel = sum(p.numel() for p in params)
-    start, stop = chunk_bounds(numel, dist.get_world_size())[dist.get_rank()]
-    shards, held, ops = [], [], []
-    for xb, yb in _batches(model, seed, steps, per_rank):
-        opt.zero_grad()
-        loss_fn(net(xb), yb).backward()
-        with CommRecorder() as rec:
+    shards, held = [], []
+    batches = zip(_batches(model, seed, steps, per_rank), _global_batches(model, seed, steps, per_rank),
+                  strict=True)
+    with CommRecorder() as rec:
+        for (xb, yb), (gx, gy) in batches:
+            opt.zero_grad()
+            loss_fn(net(xb), yb).backward()
             shard = reduce_scatter_gradients(net.parameters())
-        ops.append(rec.ops)
-        held.append(sum(p.grad.numel() for p in params if p.grad is not None))
-        shards.append(shard.detach().clone() if isinstance(shard, torch.Tensor) else shard)
-        ok = isinstance(shard, torch.Tensor) and shard.numel() == stop - start
-        # every rank decides alike (a collective), so no rank waits for one that stopped
-        flags = torch.tensor([float(ok)], device=rank_device())
-        dist.all_reduce(flags, op=dist.ReduceOp.MIN)
-        if not flags.item():
-            break
-        rebuild_average(params, shard)
-        opt.step()
-    return {"state": state_of(net), "shards": shards, "held": held, "ops": ops}
+            held.append(sum(p.grad.numel() for p in params if p.grad is not None))
+            shards.append(shard.detach().clone() if isinstance(shard, torch.Tensor) else shard)
+            global_gradient(net, gx, gy)
+            opt.step()
+    return {"shards": shards, "held": held, "ops": rec.ops}
 
 
 def fsdp_run(MiniFSDP, model, seed, steps, per_rank, groups=None):
@@ -145,8 +180,7 @@ def fsdp_run(MiniFSDP, model, seed, steps, per_rank, groups=None):
     (rank r takes its share by its rank in its group). Returns {"units": [names], "shards":
     [flat shard per unit, after training], "grads": [shard gradients after the first backward],
     "frozen": {name: tensor} of the parameters left out of the units, "events" (UnitRecorder),
-    "ops" (per step, forward + backward), "held" (held_bytes between steps), "group_rank",
-    "group_size"}.
+    "ops" (the whole run), "held" (held_bytes between steps), "group_rank", "group_size"}.
     """
     group, rank, size = None, dist.get_rank(), dist.get_world_size()
     if groups is not None:
@@ -155,23 +189,21 @@ def fsdp_run(MiniFSDP, model, seed, steps, per_rank, groups=None):
             if dist.get_rank() in members:
                 group, rank, size = made, list(members).index(dist.get_rank()), len(members)
     net = build_model(model, seed, rank_device())
-    ops, grads = [], None
-    with UnitRecorder() as units:
+    grads = None
+    with UnitRecorder() as units, CommRecorder() as rec:
         fsdp = MiniFSDP(net, group)
         units.mark("built")
         opt = torch.optim.AdamW([p for p in fsdp.parameters() if p.requires_grad], lr=LR)
         for step, (xb, yb) in enumerate(_batches(model, seed, steps, per_rank, rank, size)):
             opt.zero_grad()
-            with CommRecorder() as rec:
-                loss_fn(fsdp(xb), yb).backward()
-            ops.append(rec.ops)
+            loss_fn(fsdp(xb), yb).backward()
             if step == 0:
                 grads = [None if s.grad is None else s.grad.detach().clone() for s in fsdp.shards]
             opt.step()
             units.mark(f"step {step}")
     frozen = {name: p.detach().clone() for name, p in net.named_parameters() if not p.requires_grad}
     return {"units": [u.name for u in fsdp.units], "shards": [s.detach().clone() for s in fsdp.shards],
-            "grads": grads, "frozen": frozen, "events": units.events, "ops": ops,
+            "grads": grads, "frozen": frozen, "events": units.events, "ops": rec.ops,
             "held": held_bytes(fsdp, opt), "group_rank": rank, "group_size": size}
 
 

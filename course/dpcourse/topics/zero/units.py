@@ -27,7 +27,8 @@ FlatUnit does them:
 
 Every alloc and free is reported to the active UnitRecorders: a test counts how many
 units are unsharded at once from that log, without trusting the code under test.
-Reading a freed unit's parameters is undefined (a crash, at best): gather first.
+Using a freed unit's parameters fails: autograd refuses a saved tensor whose memory is gone
+("... out of bounds for storage of size 0"), and other reads can crash the process. Gather first.
 
 `padded(t, size)` is the other piece of plumbing: all_gather needs the same size on every
 rank (gloo refuses uneven sizes), so shards travel padded to ⌈S/N⌉ elements.
