@@ -14,6 +14,7 @@ ring algorithm), with S the bytes of the whole vector and N the group size:
     reduce_scatter   (N-1)/N · S      the recorder sees the whole input S
     all_gather       (N-1)/N · S      S = the whole output; the recorder sees this rank's chunk S/N
     broadcast        (N-1)/N · S      the average over ranks of a pipelined ring (the last rank sends nothing)
+    reduce           (N-1)/N · S      the same ring, towards the destination
     send                 S            its own bytes; a recv sends nothing
 
 This is the ZeRO paper's count (Rajbhandari et al., 2020, section 7), which rounds (N-1)/N
@@ -30,6 +31,7 @@ _RING = {
     "reduce_scatter": lambda n: (n - 1) / n,  # recorded: the whole input, S
     "reduce_scatter_tensor": lambda n: (n - 1) / n,
     "broadcast": lambda n: (n - 1) / n,
+    "reduce": lambda n: (n - 1) / n,
     "send": lambda n: 1,
 }
 _NOTHING = {"recv", "recv_any_source", "barrier", "monitored_barrier"}

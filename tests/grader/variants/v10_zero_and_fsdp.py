@@ -1,5 +1,13 @@
 """Planted bugs for 10_zero_and_fsdp: each edits the solution one realistic way and must lose the listed
-test cells with a message that names the mistake (tests/grader/planted.py)."""
+test cells with a message that names the mistake (tests/grader/planted.py).
+
+The exercises are independent (each test cell builds what it needs), so one graded notebook carries
+one bug of each exercise: `BUGS` grades 6 notebooks for the 16 bugs of `SINGLE`, which keeps this
+assignment's grading test near the others' length (a graded notebook costs ~30 s here). Every bug's
+cells and messages are checked exactly as if it were graded alone.
+"""
+
+import itertools
 
 from planted import Bug, solution_code
 
@@ -18,7 +26,7 @@ CEIL_BOUNDS = """def ceil_bounds(n, world):
 
 """
 
-BUGS = [
+SINGLE = [
     # ------------------------------------------------------------------ 1. ShardedOptimizer (ZeRO-1)
     Bug("ShardedOptimizer", "state_kept_for_all_parameters",
         patch=[("self.optimizer = optimizer_cls([self.shard], **kwargs)",
@@ -51,7 +59,7 @@ BUGS = [
                "test_sharded_optimizer_uneven": "(.clone() the slice)"}),
 
     # ------------------------------------------------------------------ 2. reduce_scatter_gradients (ZeRO-2)
-    Bug("reduce_scatter_gradients", "gradients_summed_not_averaged",
+    Bug("reduce_scatter_gradients", "shard_summed_not_averaged",
         patch=[("return out[:stop - start] / world", "return out[:stop - start]")],
         loses={"test_reduce_scatter_gradients_basic": "2 times the average",
                "test_reduce_scatter_gradients_uneven": "a reduce-scatter sums over ranks; divide by N = 3"}),
@@ -92,7 +100,7 @@ BUGS = [
                 "        if isinstance(output, torch.Tensor) and output.requires_grad:\n")],
         loses={"test_mini_fsdp_basic": "free each unit after its forward",
                "test_mini_fsdp_memory_and_traffic": "in forward: ZeRO-3 keeps at most 2"}),
-    Bug("MiniFSDP", "gradients_summed_not_averaged",
+    Bug("MiniFSDP", "unit_gradients_summed_not_averaged",
         patch=[("mine = out[:stop - start] / self.world", "mine = out[:stop - start]")],
         loses={"test_mini_fsdp_basic": "2 times the average",
                "test_mini_fsdp_memory_and_traffic": "divide by N = 3"}),
@@ -114,3 +122,25 @@ BUGS = [
         loses={"test_mini_fsdp_basic": "expected 3(N-1)/N·S",
                "test_mini_fsdp_memory_and_traffic": "one all-gather per unit in forward"}),
 ]
+
+
+def together(bugs):
+    """One Bug carrying `bugs` (one per exercise): the first as a patch, the others as rewritten cells."""
+    first, *others = bugs
+    cells = {}
+    for bug in others:
+        cells.update(bug.cell_sources(ASSIGNMENT))
+    return Bug(first.exercise, "__".join(bug.name for bug in bugs), patch=first.patch, source=first.source,
+               cells=cells, loses={k: v for bug in bugs for k, v in bug.loses.items()},
+               keeps=[k for bug in bugs for k in bug.keeps])
+
+
+def _by_exercise():
+    groups = {}
+    for bug in SINGLE:
+        groups.setdefault(bug.exercise, []).append(bug)
+    return list(groups.values())
+
+
+BUGS = [together([bug for bug in row if bug is not None])
+        for row in itertools.zip_longest(*_by_exercise())]

@@ -109,15 +109,16 @@ def held_bytes(module, optimizer=None):
     return {"weights": weights, "gradients": gradients, "optimizer": optimizer_bytes}
 
 
-def optimizer_summary(optimizer):
+def optimizer_summary(optimizer, model_tensors=()):
     """Inside a rank: what a torch optimizer holds, as plain values a test can judge.
 
-    {"numel": elements it steps, "storage_bytes": bytes of the storages those tensors live in
-    (a slice of a bigger tensor keeps all of it alive), "state_bytes": bytes of its state
-    tensors, "state": {key: that state as one flat CPU vector, in parameter order}}.
+    {"numel": elements it steps, "storage_bytes": bytes of the storages those tensors live in,
+    except storages of `model_tensors` (a slice of a bigger tensor keeps all of it alive; a view
+    of the model's own weights costs nothing more), "state_bytes": bytes of its state tensors,
+    "state": {key: that state as one flat CPU vector, in parameter order}}.
     """
     params = [p for g in optimizer.param_groups for p in g["params"]]
-    seen = set()
+    seen = {_storage_key(t)[0] for t in model_tensors}
     state_tensors, flat_state = [], {}
     for p in params:
         for key, value in optimizer.state.get(p, {}).items():

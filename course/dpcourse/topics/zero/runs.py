@@ -144,7 +144,8 @@ def zero1_run(ShardedOptimizer, model, seed, steps, per_rank, explicit_shard=Fal
                 opt.step(torch.cat([p.grad.reshape(-1) for p in params])[start:stop].clone())
             else:
                 opt.step()
-    return {"state": state_of(net), "optimizer": optimizer_summary(opt.optimizer), "ops": rec.ops}
+    return {"state": state_of(net), "optimizer": optimizer_summary(opt.optimizer, list(net.parameters())),
+            "ops": rec.ops}
 
 
 def zero2_run(reduce_scatter_gradients, model, seed, steps, per_rank):
