@@ -100,7 +100,7 @@ def held_bytes(module, optimizer=None):
     tensors = _module_tensors(module)
     stepped = [p for g in optimizer.param_groups for p in g["params"]] if optimizer is not None else []
     weights = _unique_bytes(tensors, seen)
-    gradients = _unique_bytes([t.grad for t in tensors + stepped], seen)
+    gradients = _unique_bytes([t.grad for t in tensors + stepped if t.is_leaf], seen)  # views have none
     state = []
     if optimizer is not None:
         for per_param in optimizer.state.values():
