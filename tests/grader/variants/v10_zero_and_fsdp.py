@@ -42,7 +42,7 @@ SINGLE = [
                                                  "expected 332"},
         keeps=["test_sharded_optimizer_basic"]),
     Bug("ShardedOptimizer", "parameters_not_gathered_after_step",  # only this rank's shard is written back
-        patch=[(GATHER, "        flat = torch.cat([p.detach().reshape(-1) for p in self.params])\n"
+        patch=[(GATHER, "        flat = torch.cat([q.detach().reshape(-1) for q in self.params])\n"
                         "        flat[start:stop] = self.shard.detach()\n")],
         loses={"test_sharded_optimizer_basic": "still hold their initial values",
                "test_sharded_optimizer_uneven": "must all-gather every rank's updated shard"}),
@@ -71,7 +71,7 @@ SINGLE = [
         loses={"test_reduce_scatter_gradients_basic": "2.00x a reduce-scatter",
                "test_reduce_scatter_gradients_uneven": "An all-reduce sends 2(N-1)/N·S"}),
     Bug("reduce_scatter_gradients", "full_gradients_kept",
-        patch=[("    for p in params:\n        p.grad = None\n", "")],
+        patch=[("    for param in trainable:\n        param.grad = None  # keep only the shard\n", "")],
         loses={"test_reduce_scatter_gradients_basic": "still hold full gradients",
                "test_reduce_scatter_gradients_uneven": "set every p.grad to None"}),
     Bug("reduce_scatter_gradients", "torch_chunk_boundaries",  # ⌈S/N⌉ per rank, the last rank short
