@@ -23,33 +23,37 @@ import torch
 import torch.distributed as dist
 
 from dpcourse.comm.recorder import CommRecorder
-from dpcourse.reference.flat import trainable
 from dpcourse.reference.gradients import state_of
 from dpcourse.runtime.backend import rank_device
 from dpcourse.topics.zero.memory import optimizer_summary
-from dpcourse.topics.zero.runs import LR, _batches, average_gradients, build_model, flat_parameters
+from dpcourse.topics.zero.runs import (
+    LR,
+    _batches,
+    _global_batches,
+    build_model,
+    flat_parameters,
+    global_gradient,
+)
 from dpcourse.toys.models import loss_fn
 
 
 def zero_redundancy_run(model, seed, steps, per_rank):
-    """runs.zero1_run with torch's ZeroRedundancyOptimizer(AdamW). Adds "owned": the names of the
-    parameters this rank's local optimizer steps."""
+    """runs.zero1_run with torch's ZeroRedundancyOptimizer(AdamW), the same scaffolding (the averaged
+    gradient from the whole global batch). Adds "owned": the names of the parameters this rank's
+    local optimizer steps."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
     net = build_model(model, seed, rank_device())
-    opt = ZeroRedundancyOptimizer(net.parameters(), optimizer_class=torch.optim.AdamW, lr=LR)
-    params = trainable(net.parameters())
-    ops = []
-    for xb, yb in _batches(model, seed, steps, per_rank):
-        opt.zero_grad()
-        loss_fn(net(xb), yb).backward()
-        average_gradients(params)
-        with CommRecorder() as rec:
+    with CommRecorder() as rec:
+        opt = ZeroRedundancyOptimizer(net.parameters(), optimizer_class=torch.optim.AdamW, lr=LR)
+        for xb, yb in _global_batches(model, seed, steps, per_rank):
+            opt.zero_grad()
+            global_gradient(net, xb, yb)
             opt.step()
-        ops.append(rec.ops)
     names = {p: name for name, p in net.named_parameters()}
     owned = [names[p] for group in opt.optim.param_groups for p in group["params"]]
-    return {"state": state_of(net), "optimizer": optimizer_summary(opt.optim), "ops": ops, "owned": owned}
+    return {"state": state_of(net), "optimizer": optimizer_summary(opt.optim, list(net.parameters())),
+            "ops": rec.ops, "owned": owned}
 
 
 def shard_children(net, reshard_after_forward=True):
@@ -66,18 +70,16 @@ def shard_children(net, reshard_after_forward=True):
 
 def fully_shard_run(model, seed, steps, per_rank, reshard_after_forward=True):
     """runs.fsdp_run with torch's fully_shard. Returns {"params": the flat trainable parameters after
-    training (gathered), "ops": per step, forward + backward, "local": {name: this rank's shard shape}}."""
+    training (gathered), "ops": the whole run's calls, "local": {name: this rank's shard shape}}."""
     net = shard_children(build_model(model, seed, rank_device()), reshard_after_forward)
     opt = torch.optim.AdamW(net.parameters(), lr=LR)
-    ops = []
-    for xb, yb in _batches(model, seed, steps, per_rank):
-        opt.zero_grad()
-        with CommRecorder() as rec:
+    with CommRecorder() as rec:
+        for xb, yb in _batches(model, seed, steps, per_rank):
+            opt.zero_grad()
             loss_fn(net(xb), yb).backward()
-        ops.append(rec.ops)
-        opt.step()
+            opt.step()
     local = {name: tuple(p.to_local().shape) for name, p in net.named_parameters()}
-    return {"params": flat_parameters(net), "ops": ops, "local": local}
+    return {"params": flat_parameters(net), "ops": rec.ops, "local": local}
 
 
 def mini_fsdp_params(MiniFSDP, model, seed, steps, per_rank):
