@@ -1,13 +1,6 @@
 """Planted bugs for 10_zero_and_fsdp: each edits the solution one realistic way and must lose the listed
 test cells with a message that names the mistake (tests/grader/planted.py).
-
-The exercises are independent (each test cell builds what it needs), so one graded notebook carries
-one bug of each exercise: `BUGS` grades 6 notebooks for the 16 bugs of `SINGLE`, which keeps this
-assignment's grading test near the others' length (a graded notebook costs ~30 s here). Every bug's
-cells and messages are checked exactly as if it were graded alone.
 """
-
-import itertools
 
 from planted import Bug, solution_code
 
@@ -26,7 +19,7 @@ CEIL_BOUNDS = """def ceil_bounds(n, world):
 
 """
 
-SINGLE = [
+BUGS = [
     # ------------------------------------------------------------------ 1. ShardedOptimizer (ZeRO-1)
     Bug("ShardedOptimizer", "state_kept_for_all_parameters",
         patch=[("self.optimizer = optimizer_cls([self.shard], **kwargs)",
@@ -123,24 +116,3 @@ SINGLE = [
                "test_mini_fsdp_memory_and_traffic": "one all-gather per unit in forward"}),
 ]
 
-
-def together(bugs):
-    """One Bug carrying `bugs` (one per exercise): the first as a patch, the others as rewritten cells."""
-    first, *others = bugs
-    cells = {}
-    for bug in others:
-        cells.update(bug.cell_sources(ASSIGNMENT))
-    return Bug(first.exercise, "__".join(bug.name for bug in bugs), patch=first.patch, source=first.source,
-               cells=cells, loses={k: v for bug in bugs for k, v in bug.loses.items()},
-               keeps=[k for bug in bugs for k in bug.keeps])
-
-
-def _by_exercise():
-    groups = {}
-    for bug in SINGLE:
-        groups.setdefault(bug.exercise, []).append(bug)
-    return list(groups.values())
-
-
-BUGS = [together([bug for bug in row if bug is not None])
-        for row in itertools.zip_longest(*_by_exercise())]

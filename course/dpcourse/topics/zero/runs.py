@@ -20,7 +20,7 @@ from the whole global batch on each rank), so every call on the wire is the lear
 import torch
 import torch.distributed as dist
 
-from dpcourse.comm.recorder import CommRecorder
+from dpcourse.comm.recorder import CommOp, CommRecorder
 from dpcourse.reference.flat import flat, trainable
 from dpcourse.reference.gradients import state_of
 from dpcourse.reference.splits import chunk_bounds
@@ -67,7 +67,8 @@ def launch_run(run, world_size, learner, *args, group_timeout=TIMEOUTS["test_gro
     """launch(run, world_size, learner, *args, **kwargs) for a test cell.
 
     Each result's "ops" becomes the rank's whole communication in the run as the grader's router
-    saw it when graded (launcher.observed_traffic), else as the rank's own recorder saw it. A
+    saw it when graded (launcher.observed_traffic), else as the rank's own recorder saw it (sent
+    back as plain lists: graded ranks return plain values only), as CommOp records. A
     LaunchError becomes an AssertionError whose first line says which rank failed, and how.
     """
     try:
@@ -78,10 +79,16 @@ def launch_run(run, world_size, learner, *args, group_timeout=TIMEOUTS["test_gro
         raise AssertionError(f"{name} on {world_size} rank(s): {first}{explain_crash(error)}\n"
                              f"{rest}") from None
     traffic = observed_traffic()
-    if traffic is not None:
-        for result, ops in zip(results, traffic, strict=True):
-            result["ops"] = list(ops)
+    for rank, result in enumerate(results):
+        if isinstance(result, dict) and "ops" in result:
+            recorded = [CommOp(*fields) for fields in result["ops"]]
+            result["ops"] = list(traffic[rank]) if traffic is not None else recorded
     return results
+
+
+def plain(ops):
+    """CommOp records as plain lists, as a rank may return them (launch_run turns them back)."""
+    return [[o.op, o.peer, o.nbytes, o.start, o.end, o.group] for o in ops]
 
 
 def run_data(model, seed, steps, per_rank, world_size=None):
@@ -145,7 +152,7 @@ def zero1_run(ShardedOptimizer, model, seed, steps, per_rank, explicit_shard=Fal
             else:
                 opt.step()
     return {"state": state_of(net), "optimizer": optimizer_summary(opt.optimizer, list(net.parameters())),
-            "ops": rec.ops}
+            "ops": plain(rec.ops)}
 
 
 def zero2_run(reduce_scatter_gradients, model, seed, steps, per_rank):
@@ -171,7 +178,7 @@ def zero2_run(reduce_scatter_gradients, model, seed, steps, per_rank):
             shards.append(shard.detach().clone() if isinstance(shard, torch.Tensor) else shard)
             global_gradient(net, gx, gy)
             opt.step()
-    return {"shards": shards, "held": held, "ops": rec.ops}
+    return {"shards": shards, "held": held, "ops": plain(rec.ops)}
 
 
 def fsdp_run(MiniFSDP, model, seed, steps, per_rank, groups=None):
@@ -204,18 +211,8 @@ def fsdp_run(MiniFSDP, model, seed, steps, per_rank, groups=None):
             units.mark(f"step {step}")
     frozen = {name: p.detach().clone() for name, p in net.named_parameters() if not p.requires_grad}
     return {"units": [u.name for u in fsdp.units], "shards": [s.detach().clone() for s in fsdp.shards],
-            "grads": grads, "frozen": frozen, "events": units.events, "ops": rec.ops,
+            "grads": grads, "frozen": frozen, "events": units.events, "ops": plain(rec.ops),
             "held": held_bytes(fsdp, opt), "group_rank": rank, "group_size": size}
-
-
-def ddp_ops(model, seed, per_rank):
-    """The communication of one DDP step (every gradient all-reduced), for comparison."""
-    net = build_model(model, seed, rank_device())
-    (xb, yb), = _batches(model, seed, 1, per_rank)
-    loss_fn(net(xb), yb).backward()
-    with CommRecorder() as rec:
-        average_gradients(trainable(net.parameters()))
-    return rec.ops
 
 
 def flat_parameters(module):

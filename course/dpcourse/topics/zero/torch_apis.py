@@ -33,6 +33,7 @@ from dpcourse.topics.zero.runs import (
     build_model,
     flat_parameters,
     global_gradient,
+    plain,
 )
 from dpcourse.toys.models import loss_fn
 
@@ -53,7 +54,7 @@ def zero_redundancy_run(model, seed, steps, per_rank):
     names = {p: name for name, p in net.named_parameters()}
     owned = [names[p] for group in opt.optim.param_groups for p in group["params"]]
     return {"state": state_of(net), "optimizer": optimizer_summary(opt.optim, list(net.parameters())),
-            "ops": rec.ops, "owned": owned}
+            "ops": plain(rec.ops), "owned": owned}
 
 
 def shard_children(net, reshard_after_forward=True):
@@ -79,7 +80,7 @@ def fully_shard_run(model, seed, steps, per_rank, reshard_after_forward=True):
             loss_fn(net(xb), yb).backward()
             opt.step()
     local = {name: tuple(p.to_local().shape) for name, p in net.named_parameters()}
-    return {"params": flat_parameters(net), "ops": rec.ops, "local": local}
+    return {"params": flat_parameters(net), "ops": plain(rec.ops), "local": local}
 
 
 def mini_fsdp_params(MiniFSDP, model, seed, steps, per_rank):
