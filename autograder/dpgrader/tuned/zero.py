@@ -30,6 +30,8 @@ from torch import nn
 from dpcourse.reference.splits import chunk_bounds
 from dpcourse.topics.zero.units import FlatUnit
 
+PIECE = 2 ** 20  # elements per tensor the tuned ZeRO-1 optimizer steps
+
 
 def _owner(group, j):
     return j if group is None else dist.get_global_rank(group, j)
@@ -102,9 +104,14 @@ class TunedShardedOptimizer:
                 p.data = self.recv[offset:offset + p.numel()].view_as(p)
                 offset += p.numel()
             self.send = self.recv[self.rank * self.chunk:(self.rank + 1) * self.chunk]
-        self.shard = self.send[:b - a].requires_grad_(True)
+        self.shard = self.send[:b - a]
         self.grad = first.new_empty(b - a)
-        self.optimizer = optimizer_cls([self.shard], **kwargs)
+        # the optimizer steps the shard in pieces of 1 Mi elements: an elementwise optimizer does the
+        # same arithmetic, and its several passes over a piece stay in cache (AdamW on 4.2 M float32
+        # here: 52 ms as one tensor, 43 ms as 4 pieces)
+        self.pieces_of_shard = [t.requires_grad_(True) for t in self.shard.split(PIECE)]
+        self.pieces_of_grad = list(self.grad.split(PIECE))
+        self.optimizer = optimizer_cls(self.pieces_of_shard, **kwargs)
         self._targets = [self.params[i].detach().view(-1)[lo:hi] for i, lo, hi, _ in self.pieces]
         self._sources = [self.recv[at:at + hi - lo] for i, lo, hi, at in self.pieces]
 
@@ -116,8 +123,11 @@ class TunedShardedOptimizer:
         if gradient_shard is None:
             for i, lo, hi, at in self.mine:
                 self.grad[at:at + hi - lo].copy_(self.params[i].grad.view(-1)[lo:hi])
-            gradient_shard = self.grad
-        self.shard.grad = gradient_shard
+            grads = self.pieces_of_grad
+        else:
+            grads = gradient_shard.split(PIECE)
+        for piece, grad in zip(self.pieces_of_shard, grads, strict=True):
+            piece.grad = grad
         self.optimizer.step()
         gather_padded(self.recv, self.send, self.chunk)
         if not self.in_place:
