@@ -40,6 +40,11 @@ NAMES = {  # c10d operator -> the torch.distributed call a learner knows
 
 OPERATORS = {call: operator for operator, call in NAMES.items()}  # all_reduce -> allreduce_
 
+# operators whose first argument is the output and second the input (c10d's schemas)
+OUTPUTS_FIRST = {"all_gather", "all_gather_into_tensor", "all_gather_coalesced",
+                 "all_gather_into_tensor_coalesced", "reduce_scatter", "reduce_scatter_tensor",
+                 "reduce_scatter_tensor_coalesced", "all_to_all", "all_to_all_single", "gather", "scatter"}
+
 
 class ForbiddenCollective(RuntimeError):
     """A collective was called where only point-to-point operations are allowed."""
@@ -49,7 +54,7 @@ class ForbiddenCollective(RuntimeError):
 class CommOp:
     op: str  # "send", "recv", "all_reduce", ...
     peer: int | None  # the other rank of a send/recv (rank in its group); None for collectives
-    nbytes: int  # bytes of the tensors handed to the call (per rank)
+    nbytes: int  # bytes of this rank's input tensors (all_gather: its chunk; reduce_scatter: the whole input)
     start: float  # time.perf_counter() when the call was issued
     end: float  # when the call returned (for async calls: when it was queued, not finished)
     group: tuple | None = None  # world ranks of the process group the call ran on, in group order
@@ -69,6 +74,17 @@ def group_members(process_group):
         return tuple(dist.get_process_group_ranks(group))
     except Exception:  # noqa: BLE001 - a name for messages only
         return None
+
+
+def _group_of(args):
+    """The world ranks of the call's process group, wherever the operator takes it: second for
+    all_reduce, broadcast and send/recv, third for all_gather and reduce_scatter (outputs, inputs, group)."""
+    for arg in args:
+        if isinstance(arg, torch.ScriptObject):
+            members = group_members(arg)
+            if members is not None:
+                return members
+    return None
 
 
 def _tensors(value):
@@ -131,9 +147,12 @@ class CommRecorder(TorchDispatchMode):
         name = NAMES.get(qualified.split("::", 1)[1], qualified.split("::", 1)[1].rstrip("_"))
         self._refuse(name, qualified.split("::")[1])
         peer = args[2] if name in ("send", "recv") and len(args) > 2 else None
-        # collectives list input and output tensors: count the inputs (the first argument)
-        nbytes = sum(t.numel() * t.element_size() for t in _tensors(args[0] if args else ()))
-        group = group_members(args[1]) if len(args) > 1 else None
+        # the bytes this rank puts in: its input tensors, as the grader's router counts them
+        # (all_gather: this rank's chunk; reduce_scatter: the whole input); comm.volume turns
+        # each record into the bytes a rank sends
+        inputs = args[1] if name in OUTPUTS_FIRST and len(args) > 1 else (args[0] if args else ())
+        nbytes = sum(t.numel() * t.element_size() for t in _tensors(inputs))
+        group = _group_of(args)
         start = time.perf_counter()
         out = func(*args, **(kwargs or {}))
         self.ops.append(CommOp(name, peer, nbytes, start, time.perf_counter(), group))

@@ -301,7 +301,9 @@ def supervise(ranks, deadline, group_timeout):
             _reap(ranks)
             if any(_failed(r) for r in ranks):
                 _pump_for(selector, 0.3)  # let simultaneous failures (timeouts) report too
-                raise _failure(ranks, selector, deadline, group_timeout)
+                # a rank reaped before its last message was read looked failed; judge it on the message
+                if any(_failed(r) for r in ranks):
+                    raise _failure(ranks, selector, deadline, group_timeout)
             if all(not r.alive for r in ranks):
                 _pump_until_closed(selector)
                 if any(_failed(r) for r in ranks):

@@ -1,0 +1,65 @@
+"""How many bytes a rank sends for each recorded call, counted as the ring algorithms send them.
+
+    ops = recorded(...)[1]                     # CommOps of one rank (comm.recorder)
+    bytes_sent(ops)                             # what this rank put on the network
+    volume_by_op(ops)                           # {"all_gather": ..., "reduce_scatter": ...}
+
+Why a module: the recorder sees a collective as one call with its tensors, not the messages
+the library sends for it. To compare designs by their traffic (DDP's all-reduce against
+ZeRO's reduce-scatter and all-gathers, notebook 10), each call is converted into the bytes
+one rank sends when the collective runs as a bandwidth-optimal ring (notebook 04; NCCL's
+ring algorithm), with S the bytes of the whole vector and N the group size:
+
+    all_reduce      2(N-1)/N · S      the recorder sees the whole vector S
+    reduce_scatter   (N-1)/N · S      the recorder sees the whole input S
+    all_gather       (N-1)/N · S      S = the whole output; the recorder sees this rank's chunk S/N
+    broadcast        (N-1)/N · S      the average over ranks of a pipelined ring (the last rank sends nothing)
+    reduce           (N-1)/N · S      the same ring, towards the destination
+    send                 S            its own bytes; a recv sends nothing
+
+This is the ZeRO paper's count (Rajbhandari et al., 2020, section 7), which rounds (N-1)/N
+to 1: "communication volume" Ψ for a reduce-scatter or an all-gather, 2Ψ for an all-reduce.
+"""
+
+from collections import defaultdict
+
+# bytes a rank sends, as a multiple of the recorded nbytes, for a group of n ranks
+_RING = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: n - 1,  # recorded: this rank's chunk, S/N
+    "all_gather_into_tensor": lambda n: n - 1,
+    "reduce_scatter": lambda n: (n - 1) / n,  # recorded: the whole input, S
+    "reduce_scatter_tensor": lambda n: (n - 1) / n,
+    "broadcast": lambda n: (n - 1) / n,
+    "reduce": lambda n: (n - 1) / n,
+    "send": lambda n: 1,
+}
+_NOTHING = {"recv", "recv_any_source", "barrier", "monitored_barrier"}
+
+
+def ring_bytes(op, world_size=None):
+    """Bytes this rank sends for one recorded call (a CommOp), as a ring would send them.
+
+    The group size comes from the record (`op.group`), else from `world_size`.
+    """
+    if op.op in _NOTHING:
+        return 0.0
+    if op.op not in _RING:
+        raise ValueError(f"no ring traffic model for {op.op!r} (known: {', '.join(sorted(_RING))})")
+    n = len(op.group) if op.group else world_size
+    if n is None:
+        raise ValueError(f"the record of {op.op} names no group: pass world_size")
+    return _RING[op.op](n) * op.nbytes if n > 1 or op.op == "send" else 0.0
+
+
+def bytes_sent(ops, world_size=None):
+    """Total bytes one rank sends for a list of recorded calls (see ring_bytes)."""
+    return sum(ring_bytes(op, world_size) for op in ops)
+
+
+def volume_by_op(ops, world_size=None):
+    """{op name: bytes sent} for a list of recorded calls, in the order the ops first appear."""
+    totals = defaultdict(float)
+    for op in ops:
+        totals[op.op] += ring_bytes(op, world_size)
+    return dict(totals)

@@ -1,0 +1,1 @@
+"""Tools of notebook 10 (ZeRO and FSDP): flat units, memory accounting, checks, torch's own APIs."""

@@ -1,0 +1,271 @@
+"""Training runs of notebook 10, inside a rank: your ZeRO classes and torch's, on the same model and data.
+
+    launch(zero1_run, 2, ShardedOptimizer, "deep_mlp", 0, 3, 4)   # -> one plain dict per rank
+
+Why a module: the test cells and the hidden tests train the same way, and the demos put
+your code next to torch's `ZeroRedundancyOptimizer` and `fully_shard` on identical runs.
+Every run builds `build_model(model, seed)` on the rank's device (a toy of
+dpcourse.toys.models by name, or (name, {options}): ("deep_mlp", {"width": 5})) and trains `steps` AdamW
+steps (lr=0.01, float64) on global batches of per_rank x N rows of
+`smooth_regression_data(steps * per_rank * N, seed=seed)`: rank r takes its `my_share`.
+That is exactly what `reference.flat.single_process_run` replays in one process.
+
+Runs return plain values only (state_dicts, flat tensors, CommOp records, numbers), which
+the test cell compares with its own reference (dpcourse.topics.zero.checks): nothing here
+judges anything. Their scaffolding does not communicate (an averaged gradient is computed
+from the whole global batch on each rank), so every call on the wire is the learner's, and
+`launch_run` can hand the checks the grader's own count of them when grading.
+"""
+
+import torch
+import torch.distributed as dist
+
+from dpcourse.comm.recorder import CommOp, CommRecorder
+from dpcourse.reference.flat import flat, trainable
+from dpcourse.reference.gradients import state_of
+from dpcourse.reference.splits import chunk_bounds
+from dpcourse.runtime.backend import rank_device
+from dpcourse.runtime.failures import LaunchError
+from dpcourse.runtime.launcher import launch, observed_traffic
+from dpcourse.runtime.timeouts import TIMEOUTS
+from dpcourse.topics.zero.memory import held_bytes, optimizer_summary
+from dpcourse.topics.zero.units import UnitRecorder
+from dpcourse.toys.data import global_batch, my_share, smooth_regression_data
+from dpcourse.toys.models import MODELS, loss_fn
+
+LR = 0.01
+
+
+def build_model(model, seed, device=None):
+    """The toy `model` ("deep_mlp", or ("deep_mlp", {"width": 5})) initialised from `seed`, float64."""
+    name, options = (model, {}) if isinstance(model, str) else model
+    return MODELS[name](seed=seed, device=device, **options)
+
+
+def model_label(model):
+    """'deep_mlp' or 'deep_mlp(width=5)', for messages."""
+    if isinstance(model, str):
+        return model
+    name, options = model
+    return f"{name}({', '.join(f'{k}={v}' for k, v in options.items())})"
+
+
+FREED = ("out of bounds for storage of size 0", "SIGSEGV")
+
+
+def explain_crash(error):
+    """The sentence to add when a rank used a FlatUnit's freed memory: autograd refuses a saved tensor
+    whose storage is empty ("... out of bounds for storage of size 0"), and other reads crash the
+    process (SIGSEGV). In MiniFSDP, either means a unit was not gathered before use."""
+    if not any(sign in str(error) for sign in FREED):
+        return ""
+    return (" -- a unit's parameters were used while freed (their memory is 0 bytes). Gather a unit "
+            "(unit.alloc() and the all-gather) before its forward and again before its backward")
+
+
+def launch_run(run, world_size, learner, *args, group_timeout=TIMEOUTS["test_group"], **kwargs):
+    """launch(run, world_size, learner, *args, **kwargs) for a test cell.
+
+    Each result's "ops" becomes the rank's whole communication in the run as the grader's router
+    saw it when graded (launcher.observed_traffic), else as the rank's own recorder saw it (sent
+    back as plain lists: graded ranks return plain values only), as CommOp records. A
+    LaunchError becomes an AssertionError whose first line says which rank failed, and how.
+    """
+    try:
+        results = launch(run, world_size, learner, *args, group_timeout=group_timeout, **kwargs)
+    except LaunchError as error:
+        name = getattr(learner, "name", None) or getattr(learner, "__name__", "your code")
+        first, _, rest = str(error).partition("\n")
+        raise AssertionError(f"{name} on {world_size} rank(s): {first}{explain_crash(error)}\n"
+                             f"{rest}") from None
+    traffic = observed_traffic()
+    for rank, result in enumerate(results):
+        if isinstance(result, dict) and "ops" in result:
+            recorded = [CommOp(*fields) for fields in result["ops"]]
+            result["ops"] = list(traffic[rank]) if traffic is not None else recorded
+    return results
+
+
+def plain(ops):
+    """CommOp records as plain lists, as a rank may return them (launch_run turns them back)."""
+    return [[o.op, o.peer, o.nbytes, o.start, o.end, o.group] for o in ops]
+
+
+def run_data(model, seed, steps, per_rank, world_size=None):
+    """(make_model, X, Y) of a run: what ranks train on and what the reference replays."""
+    world_size = dist.get_world_size() if world_size is None else world_size
+    X, Y = smooth_regression_data(steps * per_rank * world_size, seed=seed)
+    return (lambda: build_model(model, seed)), X, Y
+
+
+def _batches(model, seed, steps, per_rank, rank=None, world_size=None):
+    world_size = dist.get_world_size() if world_size is None else world_size
+    rank = dist.get_rank() if rank is None else rank
+    _, X, Y = run_data(model, seed, steps, per_rank, world_size)
+    return [my_share(X, Y, step, per_rank, rank, world_size) for step in range(steps)]
+
+
+def _global_batches(model, seed, steps, per_rank, world_size=None):
+    world_size = dist.get_world_size() if world_size is None else world_size
+    _, X, Y = run_data(model, seed, steps, per_rank, world_size)
+    device = rank_device()
+    return [tuple(t.to(device) for t in global_batch(X, Y, step, per_rank * world_size))
+            for step in range(steps)]
+
+
+def average_gradients(params):
+    """What DDP does between backward and the optimizer: every gradient becomes the average over ranks."""
+    for p in params:
+        if p.grad is not None:
+            dist.all_reduce(p.grad)
+            p.grad /= dist.get_world_size()
+
+
+def global_gradient(net, xb, yb):
+    """Every .grad set to the gradient of the whole global batch, computed on this rank alone.
+
+    The same numbers DDP's averaging gives (the mean over B samples is the mean of the N shard
+    means), without communication: a test's scaffolding then leaves the learner's calls alone on
+    the wire.
+    """
+    net.zero_grad(set_to_none=True)
+    loss_fn(net(xb), yb).backward()
+
+
+def zero1_run(ShardedOptimizer, model, seed, steps, per_rank, explicit_shard=False):
+    """ZeRO-1 as ZeroRedundancyOptimizer is used: after the gradients are averaged, opt.step().
+
+    The averaged gradient comes from `global_gradient` (no communication), so every call on the
+    wire is the learner's. explicit_shard=True passes step() this rank's slice of it instead.
+    Returns {"state", "optimizer" (optimizer_summary of opt.optimizer), "ops" (the whole run)}.
+    """
+    net = build_model(model, seed, rank_device())
+    params = trainable(net.parameters())
+    start, stop = chunk_bounds(sum(p.numel() for p in params), dist.get_world_size())[dist.get_rank()]
+    with CommRecorder() as rec:
+        opt = ShardedOptimizer(net.parameters(), torch.optim.AdamW, lr=LR)
+        for xb, yb in _global_batches(model, seed, steps, per_rank):
+            opt.zero_grad()
+            global_gradient(net, xb, yb)
+            if explicit_shard:
+                opt.step(torch.cat([p.grad.reshape(-1) for p in params])[start:stop].clone())
+            else:
+                opt.step()
+    return {"state": state_of(net), "optimizer": optimizer_summary(opt.optimizer, list(net.parameters())),
+            "ops": plain(rec.ops)}
+
+
+def zero2_run(reduce_scatter_gradients, model, seed, steps, per_rank):
+    """reduce_scatter_gradients after each backward on this rank's share of the batch.
+
+    What it returns is judged, not used: a plain AdamW steps the global gradient computed here
+    (no communication), so each step's input is the reference's. Returns {"shards" (what it
+    returned, per step), "held" (elements of full gradients still in .grad after the call, per
+    step), "ops" (the whole run)}.
+    """
+    net = build_model(model, seed, rank_device())
+    params = trainable(net.parameters())
+    opt = torch.optim.AdamW(params, lr=LR)
+    shards, held = [], []
+    batches = zip(_batches(model, seed, steps, per_rank), _global_batches(model, seed, steps, per_rank),
+                  strict=True)
+    with CommRecorder() as rec:
+        for (xb, yb), (gx, gy) in batches:
+            opt.zero_grad()
+            loss_fn(net(xb), yb).backward()
+            shard = reduce_scatter_gradients(net.parameters())
+            held.append(sum(p.grad.numel() for p in params if p.grad is not None))
+            shards.append(shard.detach().clone() if isinstance(shard, torch.Tensor) else shard)
+            global_gradient(net, gx, gy)
+            opt.step()
+    return {"shards": shards, "held": held, "ops": plain(rec.ops)}
+
+
+def fsdp_run(MiniFSDP, model, seed, steps, per_rank, groups=None):
+    """MiniFSDP(model, group) trained with AdamW over its parameters.
+
+    groups: lists of world ranks, each an independent MiniFSDP group training on the same data
+    (rank r takes its share by its rank in its group). Returns {"units": [names], "shards":
+    [flat shard per unit, after training], "grads": [shard gradients after the first backward],
+    "frozen": {name: tensor} of the parameters left out of the units, "events" (UnitRecorder),
+    "ops" (the whole run), "held" (held_bytes between steps), "group_rank", "group_size"}.
+    """
+    group, rank, size = None, dist.get_rank(), dist.get_world_size()
+    if groups is not None:
+        for members in groups:
+            made = dist.new_group(list(members))
+            if dist.get_rank() in members:
+                group, rank, size = made, list(members).index(dist.get_rank()), len(members)
+    net = build_model(model, seed, rank_device())
+    grads = None
+    with UnitRecorder() as units, CommRecorder() as rec:
+        fsdp = MiniFSDP(net, group)
+        units.mark("built")
+        opt = torch.optim.AdamW([p for p in fsdp.parameters() if p.requires_grad], lr=LR)
+        for step, (xb, yb) in enumerate(_batches(model, seed, steps, per_rank, rank, size)):
+            opt.zero_grad()
+            loss_fn(fsdp(xb), yb).backward()
+            if step == 0:
+                grads = [None if s.grad is None else s.grad.detach().clone() for s in fsdp.shards]
+            opt.step()
+            units.mark(f"step {step}")
+    frozen = {name: p.detach().clone() for name, p in net.named_parameters() if not p.requires_grad}
+    return {"units": [u.name for u in fsdp.units], "shards": [s.detach().clone() for s in fsdp.shards],
+            "grads": grads, "frozen": frozen, "events": units.events, "ops": plain(rec.ops),
+            "held": held_bytes(fsdp, opt), "group_rank": rank, "group_size": size}
+
+
+def flat_parameters(module):
+    """The module's trainable parameters as one flat vector (FSDP2's DTensors gathered whole)."""
+    values = []
+    for p in trainable(module.parameters()):
+        values.append(p.full_tensor() if hasattr(p, "full_tensor") else p)
+    return flat(values)
+
+
+def compare_stages(ShardedOptimizer, reduce_scatter_gradients, MiniFSDP=None, model="deep_mlp", seed=0,
+                   per_rank=4):
+    """One AdamW step of the same model under DDP and each ZeRO stage (your three pieces), on this rank.
+
+    Returns {stage: {"memory": held_bytes right after the optimizer step, "sent": bytes this rank
+    sent in the step (ring model, comm.volume)}}, and "numel": the trainable elements. Without
+    MiniFSDP, ZeRO-3 is left out.
+    """
+    from dpcourse.comm.volume import bytes_sent
+
+    (xb, yb), = _batches(model, seed, 1, per_rank)
+    out = {}
+
+    def fresh():
+        net = build_model(model, seed, rank_device())
+        return net, trainable(net.parameters())
+
+    net, params = fresh()
+    opt = torch.optim.AdamW(params, lr=LR)
+    with CommRecorder() as rec:
+        loss_fn(net(xb), yb).backward()
+        average_gradients(params)
+        opt.step()
+    out["DDP"] = {"memory": held_bytes(net, opt), "sent": bytes_sent(rec.ops)}
+    for stage in ("ZeRO-1", "ZeRO-2"):
+        net, params = fresh()
+        opt = ShardedOptimizer(net.parameters(), torch.optim.AdamW, lr=LR)
+        with CommRecorder() as rec:
+            loss_fn(net(xb), yb).backward()
+            if stage == "ZeRO-1":
+                average_gradients(params)
+                opt.step()
+            else:
+                opt.step(reduce_scatter_gradients(net.parameters()))
+        out[stage] = {"memory": held_bytes(net, opt.optimizer), "sent": bytes_sent(rec.ops)}
+    out["numel"] = sum(p.numel() for p in params)
+    if MiniFSDP is None:
+        return out
+    net, params = fresh()
+    fsdp = MiniFSDP(net)
+    opt = torch.optim.AdamW([p for p in fsdp.parameters() if p.requires_grad], lr=LR)
+    with CommRecorder() as rec:
+        loss_fn(fsdp(xb), yb).backward()
+        opt.step()
+    out["ZeRO-3"] = {"memory": held_bytes(fsdp, opt), "sent": bytes_sent(rec.ops)}
+    return out
