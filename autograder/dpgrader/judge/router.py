@@ -198,9 +198,14 @@ def _same_shapes(inputs, what):
         raise ValueError(f"{what}: the ranks passed tensors of different shapes ({detail})")
 
 
+SAME_AS = {"all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
+           "all_to_all_single": "all_to_all"}  # the tensor forms compute like the list forms
+
+
 def _compute(op, group, params, inputs):
     """Each member's result tensors for one collective, from every member's inputs."""
     n = len(group)
+    op = SAME_AS.get(op, op)
     if op == "barrier":
         return {r: [] for r in group}
     if op in ("all_reduce", "reduce"):

@@ -229,17 +229,18 @@ class RoutedGroup(dist.ProcessGroup):
         return self._collective("all_gather", inputs, outputs)
 
     def _allgather_base(self, output, input, opts=None):
-        return self._collective("all_gather", [input], list(output.chunk(self.size())))
+        return self._collective("all_gather_into_tensor", [input], list(output.chunk(self.size())))
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
-        return self._collective("all_gather", inputs, [c for o in outputs for c in o.chunk(self.size())])
+        return self._collective("all_gather_into_tensor", inputs,
+                                [c for o in outputs for c in o.chunk(self.size())])
 
     def reduce_scatter(self, outputs, input_lists, opts=None):
         inputs = [t for lst in input_lists for t in lst]
         return self._collective("reduce_scatter", inputs, outputs, {"reduce": _reduce_op(opts)})
 
     def _reduce_scatter_base(self, output, input, opts=None):
-        return self._collective("reduce_scatter", list(input.chunk(self.size())), [output],
+        return self._collective("reduce_scatter_tensor", list(input.chunk(self.size())), [output],
                                 {"reduce": _reduce_op(opts)})
 
     def gather(self, output_lists, inputs, opts):
@@ -256,7 +257,7 @@ class RoutedGroup(dist.ProcessGroup):
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         ins = list(input.split(input_split_sizes or [input.shape[0] // self.size()] * self.size()))
         outs = list(output.split(output_split_sizes or [output.shape[0] // self.size()] * self.size()))
-        return self._collective("all_to_all", ins, outs)
+        return self._collective("all_to_all_single", ins, outs)
 
 
 def _reduce_op(opts):
