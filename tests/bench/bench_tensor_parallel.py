@@ -40,7 +40,7 @@ def main():
     for world_size in (2, 4):
         medians[world_size], ratios[world_size] = compare_tp_step_times(
             variants, world_size, baseline="parallelize_module", d_model=D_MODEL, d_hidden=D_HIDDEN,
-            tokens=TOKENS, steps=3, rounds=8, deadline=300)
+            tokens=TOKENS, steps=3, rounds=12, deadline=300)
     print(f"MLP {D_MODEL} -> {D_HIDDEN} -> {D_MODEL} (float32), {TOKENS} tokens, one tensor-parallel group")
     print_ratios(medians, "parallelize_module", ratios)
     for world_size in medians:
