@@ -66,3 +66,60 @@ def test_collectives_are_recorded_in_order_with_timestamps():
     assert [o.op for o in ops] == ["all_reduce"] * 3
     assert all(o.nbytes == 16 for o in ops)
     assert ops[0].start <= ops[0].end <= ops[1].start <= ops[2].start
+
+
+def functional_and_dtensor_collectives():
+    """A functional all-reduce on the group of ranks {0, 1} / {2, 3}, then DTensor's Partial -> Replicate."""
+    import torch.distributed._functional_collectives as funcol
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Partial, Replicate
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    tp = mesh["tp"]
+    x = torch.ones(3, dtype=torch.float64)
+    with CommRecorder() as rec:
+        total = funcol.all_reduce(x, "sum", tp.get_group()) + 0
+        replicated = DTensor.from_local(x, tp, [Partial()], run_check=False).redistribute(tp, [Replicate()])
+        replicated = replicated.to_local() + 0
+    return rec.ops, total, replicated
+
+
+def test_functional_collectives_and_dtensor_redistribution_are_recorded_with_their_group():
+    results = launch(functional_and_dtensor_collectives, 4, group_timeout=5)
+    for rank, (ops, total, replicated) in enumerate(results):
+        assert [o.op for o in ops] == ["all_reduce", "all_reduce"], ops
+        assert all(o.nbytes == 24 for o in ops)
+        assert {o.group for o in ops} == {(0, 1) if rank < 2 else (2, 3)}
+        assert total.tolist() == replicated.tolist() == [2.0, 2.0, 2.0]
+
+
+def functional_all_reduce_in_a_p2p_exercise():
+    import torch.distributed._functional_collectives as funcol
+
+    with CommRecorder(p2p_only=True, exercise="ring_all_reduce"):
+        funcol.all_reduce(torch.ones(2), "sum", dist.group.WORLD) + 0
+
+
+def test_functional_collectives_are_forbidden_in_p2p_exercises():
+    with pytest.raises(LaunchError, match=r"ring_all_reduce called the collective `all_reduce` "
+                                          r"\(_c10d_functional::all_reduce\)"):
+        launch(functional_all_reduce_in_a_p2p_exercise, 2, group_timeout=5)
+
+
+def gathers_and_scatters():
+    """Collectives with separate outputs, on the group of ranks {1, 2} of 3."""
+    group = dist.new_group([1, 2])
+    if dist.get_rank() == 0:
+        return []
+    x = torch.ones(3, dtype=torch.float64)
+    with CommRecorder() as rec:
+        dist.all_gather([torch.zeros_like(x), torch.zeros_like(x)], x, group=group)
+        dist.reduce_scatter(torch.zeros(3), [torch.ones(3), torch.ones(3)], group=group)
+        dist.all_to_all([torch.zeros(2), torch.zeros(2)], [torch.ones(2), torch.ones(2)], group=group)
+    return rec.ops
+
+
+def test_collectives_with_outputs_record_their_inputs_bytes_and_their_group():
+    for ops in launch(gathers_and_scatters, 3, group_timeout=5)[1:]:
+        assert [(o.op, o.nbytes, o.group) for o in ops] == [
+            ("all_gather", 24, (1, 2)), ("reduce_scatter", 24, (1, 2)), ("all_to_all", 16, (1, 2))]

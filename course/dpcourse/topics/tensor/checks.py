@@ -1,0 +1,452 @@
+"""Verdicts for tensor-parallel test cells: values against the unsharded float64 module, and collectives.
+
+    runs = run_module_cases(ColumnParallelLinear, 2, cases, exercise="ColumnParallelLinear")
+    for case, case_runs in zip(cases, runs):
+        expect_module(case_runs, case, COLUMN, what="ColumnParallelLinear")
+
+Why a module: a tensor-parallel layer is right when, on every rank, its output, the gradient
+of its input and the gradient of each parameter slice are the matching pieces of what the
+unsharded module computes -- and when each direction issues exactly the collectives the
+design calls for, on the layer's own group. The reference here is the unsharded module run
+in this process (float64, CPU), rebuilt from the case's seed; nothing comes from the ranks
+but what the learner's code produced (docs/authoring.md rules 3 and 4).
+
+Known mistakes have signatures, and the messages name them: an input gradient that is one
+rank's partial product (f missing), an output that is one rank's partial sum (g missing), a
+row-parallel output off by (N - 1) x bias (bias added on every rank), an all-reduce whose
+group is the whole world, a weight slice that belongs to another rank.
+"""
+
+import torch
+
+from dpcourse.checks.core import describe, ratio_hint
+from dpcourse.topics.tensor.runs import BUILDERS
+from dpcourse.topics.tensor.shards import column_shard, locate_slices, row_shard
+
+ATOL, RTOL = 1e-10, 1e-8  # float64: an exact algorithm agrees to ~1e-15
+
+# Where each parameter of a tensor-parallel module lives: "column" (rows of W, dim 0), "row"
+# (columns of W, last dim) or "replicated" (every rank holds all of it).
+COLUMN = {"weight": "column", "bias": "column"}
+ROW = {"weight": "row", "bias": "replicated"}
+MLP = {"fc1.weight": "column", "fc1.bias": "column", "fc2.weight": "row", "fc2.bias": "replicated"}
+ATTENTION = {"qkv.weight": "column", "qkv.bias": "column", "proj.weight": "row", "proj.bias": "replicated"}
+
+
+def shard(tensor, layout, rank, world_size):
+    """Rank's piece of a full tensor under a layout."""
+    if layout == "column":
+        return column_shard(tensor, rank, world_size)
+    if layout in ("row", "parallel"):
+        return row_shard(tensor, rank, world_size)
+    return tensor
+
+
+def case_group(case, rank, world_size):
+    """The world ranks of `rank`'s group in a case (the whole world when the case has no groups)."""
+    groups = case.get("groups")
+    if groups is None:
+        return tuple(range(world_size))
+    return next(tuple(members) for members in groups if rank in members)
+
+
+def _close(got, expected):
+    return (isinstance(got, torch.Tensor) and got.shape == expected.shape
+            and torch.allclose(got.double(), expected.double(), atol=ATOL, rtol=RTOL))
+
+
+def expect_tensor(got, expected, what, wrong=()):
+    """got must equal expected (float64 tolerance); `wrong` lists (tensor, explanation) of known
+    mistakes: a result that matches one is explained by it."""
+    if not isinstance(got, torch.Tensor):
+        raise AssertionError(f"{what} should be a tensor, got {describe(got)[:200]}")
+    if got.shape != expected.shape:
+        raise AssertionError(f"{what} has shape {tuple(got.shape)}, expected {tuple(expected.shape)}")
+    if _close(got, expected):
+        return
+    hint = next((f" -- {why}" for candidate, why in wrong if _close(got, candidate)), "")
+    if not hint:
+        hint = ratio_hint(got, expected)
+    raise AssertionError(f"{what} is {describe(got)}, expected {describe(expected)}{hint}")
+
+
+# --------------------------------------------------------------------------- collectives
+
+def describe_ops(ops):
+    """'no communication' or 'all_reduce of 96 bytes on ranks (0, 1), ...'."""
+    if not ops:
+        return "no communication"
+    return ", ".join(f"{o.op} of {o.nbytes} bytes on ranks {o.group}" for o in ops)
+
+
+def expect_collectives(run, ops, expected, what, direction, group, rule=""):
+    """The collectives one rank issued in one direction: names, sizes (when given) and group.
+
+    expected: [(op name or tuple of accepted names, nbytes or None), ...] in order; group: the world
+    ranks of the rank's group. `rule` is appended to a count mismatch ("f: identity forward, one
+    all-reduce of the gradient backward"). On a group of one rank, no communication is also fine.
+    """
+    accepted = [name if isinstance(name, tuple) else (name,) for name, _ in expected]
+    if len(group) == 1 and not ops:
+        return
+    if len(ops) != len(accepted) or any(o.op not in names for o, names in zip(ops, accepted, strict=True)):
+        wanted = "no communication" if not accepted else " then ".join(" or ".join(n) for n in accepted)
+        raise AssertionError(f"{what}: rank {run.rank} issued {describe_ops(ops)} in {direction}, "
+                             f"expected {wanted}" + (f" ({rule})" if rule else ""))
+    for o, (_, nbytes) in zip(ops, expected, strict=True):
+        if o.group is None or tuple(o.group) != tuple(group):
+            whole = (" -- the whole world: pass the group on to every collective"
+                     if o.group is not None and len(o.group) > len(group) else "")
+            raise AssertionError(f"{what}: rank {run.rank}'s {o.op} in {direction} ran on ranks "
+                                 f"{o.group}, expected its tensor-parallel group {tuple(group)}{whole}")
+        if nbytes is not None and o.nbytes != nbytes:
+            raise AssertionError(f"{what}: rank {run.rank}'s {o.op} in {direction} handed it {o.nbytes} "
+                                 f"bytes, expected {nbytes}")
+
+
+# --------------------------------------------------------------------------- operators
+# What each operator must do, written out from torch.distributed's semantics for every world rank
+# of a case: outputs, input gradients, the collectives of each direction, and known wrong answers.
+
+def _group_sum(tensors, members):
+    return sum(tensors[m].double() for m in members)
+
+
+def f_semantics(case, world_size):
+    """copy_to_tp (f): output = x; gradient of x = the sum of the group's output gradients."""
+    xs, dys = case["inputs"], case["grads"]
+    out = {"outputs": [], "grads": [], "forward": [], "backward": [], "wrong_outputs": {}, "wrong_grads": {}}
+    for rank in range(world_size):
+        group = case_group(case, rank, world_size)
+        total, n = _group_sum(dys, group), len(group)
+        out["outputs"].append(xs[rank].double())
+        out["grads"].append(total)
+        out["forward"].append([])
+        out["backward"].append([("all_reduce", dys[rank].numel() * dys[rank].element_size())])
+        out["wrong_outputs"][rank] = [
+            (_group_sum(xs, group), "f's forward is the identity: only the gradient is all-reduced")]
+        out["wrong_grads"][rank] = [
+            (dys[rank].double(), "it is this rank's own output gradient: backward must all-reduce it "
+                                 "(sum over the group)"),
+            (total / n, "averaged: f's backward sums the gradients, it does not divide by N"),
+            (_group_sum(dys, range(world_size)), "summed over every rank of the world, not over the group")]
+    return out
+
+
+def g_semantics(case, world_size):
+    """reduce_from_tp (g): output = the sum of the group's x; gradient of x = its output gradient."""
+    xs, dys = case["inputs"], case["grads"]
+    out = {"outputs": [], "grads": [], "forward": [], "backward": [], "wrong_outputs": {}, "wrong_grads": {}}
+    for rank in range(world_size):
+        group = case_group(case, rank, world_size)
+        total, n = _group_sum(xs, group), len(group)
+        out["outputs"].append(total)
+        out["grads"].append(dys[rank].double())
+        out["forward"].append([("all_reduce", xs[rank].numel() * xs[rank].element_size())])
+        out["backward"].append([])
+        out["wrong_outputs"][rank] = [
+            (xs[rank].double(), "unchanged: g's forward must all-reduce x over the group"),
+            (total / n, "averaged: g sums the partial results, it does not divide by N"),
+            (_group_sum(xs, range(world_size)), "summed over every rank of the world, not over the group")]
+        out["wrong_grads"][rank] = [
+            (_group_sum(dys, group), "the sum of the group's gradients: g's backward is the identity -- the "
+                                     "gradient of a replicated output is already the same on every rank")]
+    return out
+
+
+def gather_semantics(case, world_size):
+    """gather_from_tp: output = the group's x side by side (last dimension, group-rank order);
+    gradient of x = this rank's slice of its output gradient."""
+    xs, dys = case["inputs"], case["grads"]
+    out = {"outputs": [], "grads": [], "forward": [], "backward": [], "wrong_outputs": {}, "wrong_grads": {}}
+    for rank in range(world_size):
+        group = case_group(case, rank, world_size)
+        index, n = group.index(rank), len(group)
+        out["outputs"].append(torch.cat([xs[m].double() for m in group], dim=-1))
+        mine = dys[rank].double().chunk(n, dim=-1)[index]
+        out["grads"].append(mine)
+        out["forward"].append([(("all_gather", "all_gather_into_tensor"), None)])
+        out["backward"].append([])
+        out["wrong_outputs"][rank] = [
+            (torch.cat([xs[m].double() for m in reversed(group)], dim=-1),
+             "the slices are in the wrong order: slice i comes from group rank i")]
+        out["wrong_grads"][rank] = [
+            (sum(dys[m].double().chunk(n, dim=-1)[index] for m in group),
+             "summed over the group: the gathered output is replicated, its gradient is already the same "
+             "on every rank -- just take this rank's slice (no communication)")]
+    return out
+
+
+def expect_operator(case_runs, case, expected, what, rule=""):
+    """Each rank's output, input gradient and collectives against `expected` (one of the
+    *_semantics above), and its input left unchanged."""
+    for run in case_runs:
+        where = f"{what}: rank {run.rank}"
+        group = case_group(case, run.rank, len(case_runs))
+        expect_collectives(run, run.forward, expected["forward"][run.rank], what, "forward", group, rule)
+        expect_tensor(run.output, expected["outputs"][run.rank], f"{where}'s output",
+                      expected["wrong_outputs"].get(run.rank, ()))
+        if not torch.equal(run.input_after, case["inputs"][run.rank].to(run.input_after.dtype)):
+            raise AssertionError(f"{where} changed its input x in place (it is now "
+                                 f"{describe(run.input_after)}, was {describe(case['inputs'][run.rank])}): "
+                                 f"all-reduce a copy (x.clone()): the caller still needs x")
+        if run.no_grad:
+            raise AssertionError(f"{where}'s output does not require grad: return the result of your "
+                                 f"autograd.Function (YourFunction.apply(x, group)) so backward can reach x")
+        expect_collectives(run, run.backward, expected["backward"][run.rank], what, "backward", group, rule)
+        if run.input_grad is None:
+            raise AssertionError(f"{where}: no gradient reached x: backward must return a gradient for x "
+                                 f"(and None for the group)")
+        expect_tensor(run.input_grad, expected["grads"][run.rank], f"{where}'s gradient of x",
+                      expected["wrong_grads"].get(run.rank, ()))
+
+
+# --------------------------------------------------------------------------- modules
+
+def build_reference(case):
+    """The unsharded module of a case, on the CPU in float64 (rebuilt from its seed)."""
+    name, kwargs = case["full"]
+    return BUILDERS[name](**dict(kwargs, device="cpu"))
+
+
+def reference_of(case):
+    """(full module, output, input gradient, {name: parameter gradient}) of one case, in one process."""
+    full = build_reference(case)
+    x = case["x"].double().clone().requires_grad_()
+    y = full(x)
+    y.backward(case["dy"].double())
+    return full, y.detach(), x.grad, {n: p.grad for n, p in full.named_parameters()}
+
+
+def expect_parameters_held(run, full, layout, what, group):
+    """The module's parameters are the rank's slices of the full ones, named like the reference's."""
+    expected = {n: layout[n] for n, _ in full.named_parameters()}
+    index, n = group.index(run.rank), len(group)
+    if sorted(run.params) != sorted(expected):
+        extra = sorted(set(run.params) - set(expected))
+        missing = sorted(set(expected) - set(run.params))
+        hint = ""
+        if extra:
+            hint = (" -- keep only your slices as parameters (a full layer stored as an attribute is "
+                    "a submodule, and its full weight a parameter)")
+        elif missing:
+            hint = (" -- build the layers in __init__ and assign them as attributes named like the "
+                    "reference's (a plain list hides them from .parameters())")
+        raise AssertionError(f"{what}: rank {run.rank}'s module has parameters {sorted(run.params)}, "
+                             f"expected {sorted(expected)}{hint}")
+    for name, p in full.named_parameters():
+        want = shard(p.detach(), expected[name], index, n)
+        got = run.params[name]
+        if got.shape == want.shape and torch.equal(got.double(), want.double()):
+            continue
+        dim = 0 if expected[name] == "column" else -1
+        held = locate_slices(got, p.detach(), dim) if expected[name] != "replicated" else None
+        hint = ""
+        if held is not None:
+            hint = f" -- it holds {'rows' if dim == 0 else 'columns'} {_ranges(held)} of the full {name}"
+            owner = _owner(held, p.shape[dim], n)
+            if owner is not None and owner != index:
+                hint += (f", the slice of group rank {owner}; rank {run.rank} is rank {index} of its group "
+                         f"{group}: dist.get_rank(group), not the world rank")
+        elif got.dim() == 2 and got.shape == want.shape[::-1]:
+            hint = " -- transposed: nn.Linear's weight is (out_features, in_features)"
+        elif got.dim() == want.dim() and got.shape[dim] == 0:
+            hint = (" -- an empty slice, beyond the end of the weight: is the slice index the world rank "
+                    "(dist.get_rank()) instead of the rank in the group (dist.get_rank(group))?")
+        raise AssertionError(f"{what}: rank {run.rank} (rank {index} of {n} in its group) holds {name} of "
+                             f"shape {tuple(got.shape)} = {describe(got, 4)}, expected its {expected[name]} "
+                             f"slice, of shape {tuple(want.shape)} = {describe(want, 4)}{hint}")
+
+
+def _ranges(indices):
+    return (f"{indices[0]}-{indices[-1]}" if indices == list(range(indices[0], indices[-1] + 1))
+            else str(indices))
+
+
+def _owner(indices, size, world_size):
+    step = size // world_size
+    owners = {i // step for i in indices}
+    return owners.pop() if len(owners) == 1 and len(indices) == step else None
+
+
+def expect_module(case_runs, case, layout, what, forward=None, backward=None, rule="", wrong=None):
+    """Every rank of a module case: parameters held, output, input gradient and parameter gradients
+    (values first: their mistakes have the most telling signatures), then the collectives of each
+    direction. forward / backward: [(op, nbytes)] expected in each direction (None: not checked).
+
+    wrong(rank, index, n, world, reference) -> {"output": [...], "input_grad": [...], name: [...]}:
+    known mistakes to explain, where reference = (full module, output, input grad, parameter grads).
+    """
+    reference = reference_of(case)
+    full, y, x_grad, param_grads = reference
+    for run in case_runs:  # every rank's slices first: a wrong slice on one rank spoils its peers' values
+        expect_parameters_held(run, full, layout, what, case_group(case, run.rank, len(case_runs)))
+    for run in case_runs:
+        where = f"{what}: rank {run.rank}"
+        group = case_group(case, run.rank, len(case_runs))
+        index, n = group.index(run.rank), len(group)
+        known = wrong(run.rank, index, n, len(case_runs), reference) if wrong else {}
+        expected_y = shard(y, case.get("output", "replicated"), index, n)
+        if isinstance(run.output, torch.Tensor) and run.output.shape != expected_y.shape:
+            _explain_output_shape(run.output, expected_y, n, where)
+        expect_tensor(run.output, expected_y, f"{where}'s output", known.get("output", ()))
+        if run.no_grad:
+            raise AssertionError(f"{where}'s output does not require grad: gradients cannot reach the "
+                                 f"weights (computed under torch.no_grad(), or detached?)")
+        if run.input_grad is None:
+            raise AssertionError(f"{where}: no gradient reached the input x")
+        expect_tensor(run.input_grad, shard(x_grad, case.get("input", "replicated"), index, n),
+                      f"{where}'s gradient of the input x", known.get("input_grad", ()))
+        for name, grad in param_grads.items():
+            want = shard(grad, layout[name], index, n)
+            got = run.grads.get(name)
+            if got is None:
+                raise AssertionError(f"{where}: {name} got no gradient (expected {describe(want, 4)})")
+            expect_tensor(got, want, f"{where}'s gradient of {name} (its {layout[name]} slice)",
+                          known.get(name, ()))
+        if forward is not None:
+            expect_collectives(run, run.forward, forward, what, "forward", group, rule)
+        if backward is not None:
+            expect_collectives(run, run.backward, backward, what, "backward", group, rule)
+
+
+def _explain_output_shape(got, want, n, where):
+    shapes = f"{where}'s output has shape {tuple(got.shape)}, expected {tuple(want.shape)}"
+    if n > 1 and got.shape[:-1] == want.shape[:-1]:
+        if got.shape[-1] * n == want.shape[-1]:
+            raise AssertionError(f"{shapes}: only this rank's slice -- the output must be gathered "
+                                 f"(gather_output=True)")
+        if got.shape[-1] == want.shape[-1] * n:
+            raise AssertionError(f"{shapes}: the gathered output -- with gather_output=False each rank "
+                                 f"returns its own slice")
+
+
+def column_mistakes(case):
+    """Known wrong answers of a column-parallel layer (for expect_module's `wrong`)."""
+    dy = case["dy"].double()
+
+    def wrong(rank, index, n, world, reference):
+        full, _, x_grad, _ = reference
+        partial = row_shard(dy, index, n) @ column_shard(full.weight.detach(), index, n)
+        grads = [(partial, "it is this rank's partial gradient dy_r·W_r: the ranks' partial gradients of x "
+                           "were not summed -- is f (copy_to_tp) missing?")]
+        if world > n:  # every group holds the same slices: a sum over the world is world/n times too big
+            grads.append((x_grad * (world // n), "summed over every rank of the world, not over the layer's "
+                                                 "group: pass the group on to f"))
+        grads += [(x_grad * n, f"{n} times the expected gradient: is f's all-reduce applied twice?"),
+                  (x_grad / n, "1/N of the expected gradient: f sums, it does not average")]
+        return {"input_grad": grads}
+    return wrong
+
+
+def row_mistakes(case):
+    """Known wrong answers of a row-parallel layer (for expect_module's `wrong`)."""
+    x = case["x"].double()
+
+    def wrong(rank, index, n, world, reference):
+        full, y, x_grad, _ = reference
+        bias = full.bias.detach() if full.bias is not None else torch.zeros(())
+        partial = row_shard(x, index, n) @ row_shard(full.weight.detach(), index, n).T
+        output = [(partial + bias, "it is this rank's partial product x_r·W_rᵀ (+ b): the ranks' partial "
+                                   "results were not summed -- is g (reduce_from_tp) missing?"),
+                  (partial, "it is this rank's partial product x_r·W_rᵀ: is g (reduce_from_tp) missing?"),
+                  (y * n, f"{n} times the expected output: all-reduced twice?")]
+        if world > n:  # every group holds the same slices: the world's sum counts each partial world/n times
+            output.append(((y - bias) * (world // n) + bias, "summed over every rank of the world, not over "
+                                                             "the layer's group: pass the group on to g"))
+        if full.bias is not None and n > 1:
+            output.insert(0, (y + (n - 1) * bias, f"off by {n - 1} x bias: the bias was added on every rank "
+                                                  f"before the all-reduce, which summed it {n} times; add it "
+                                                  f"once, after g"))
+        grads = []
+        if case.get("input") != "parallel" and n > 1:
+            own = torch.zeros_like(x_grad)
+            start, stop = index * x.shape[-1] // n, (index + 1) * x.shape[-1] // n
+            own[..., start:stop] = x_grad[..., start:stop]
+            grads.append((own, "zero outside this rank's slice: cutting x with plain indexing sends no "
+                               "gradient back for the other slices -- use scatter_to_tp, whose backward "
+                               "all-gathers"))
+        return {"output": output, "input_grad": grads}
+    return wrong
+
+
+def attention_mistakes(case):
+    """Known wrong answers of an attention split by heads: every rank computing all n_heads heads on
+    its slice of qkv (the heads then come out narrower, and wrong)."""
+    from dpcourse.topics.tensor.models import attend
+
+    x = case["x"].double()
+
+    def wrong(rank, index, n, world, reference):
+        full = reference[0]
+        width = full.qkv.out_features // n
+        if n == 1 or width % (3 * full.n_heads):
+            return {}
+        with torch.no_grad():
+            qkv, weight = full.qkv(x), full.proj.weight
+            y = sum(attend(row_shard(qkv, r, n), full.n_heads) @ row_shard(weight, r, n).T for r in range(n))
+            if full.proj.bias is not None:
+                y = y + full.proj.bias
+        return {"output": [(y, f"each rank computed all {full.n_heads} heads on its slice of qkv: it holds "
+                               f"only {full.n_heads} / {n} of them")]}
+    return wrong
+
+
+# --------------------------------------------------------------------------- training
+
+def reference_training(case):
+    """(parameters before, after, losses) of the unsharded module trained like run_training does."""
+    full = build_reference(case)
+    before = {n: p.detach().clone() for n, p in full.named_parameters()}
+    losses = []
+    for x, target in case["batches"]:
+        loss = ((full(x.double()) - target.double()) ** 2).mean()
+        full.zero_grad(set_to_none=True)
+        loss.backward()
+        with torch.no_grad():
+            for p in full.parameters():
+                p -= case["lr"] * p.grad
+        losses.append(loss.item())
+    return before, {n: p.detach().clone() for n, p in full.named_parameters()}, losses
+
+
+def expect_training(runs, case, layout, what, forward=None, backward=None, rule=""):
+    """After several SGD steps every rank holds the slices of the unsharded module trained the same
+    way, every step's loss matches, and (if given) every step issued the expected collectives."""
+    before, after, losses = reference_training(case)
+    for run in runs:
+        where = f"{what}: rank {run.rank}"
+        group = case_group(case, run.rank, len(runs))
+        index, n = group.index(run.rank), len(group)
+        for step, (forward_ops, backward_ops) in enumerate(run.steps):
+            if forward is not None:
+                expect_collectives(run, forward_ops, forward, f"{what}, step {step}", "forward", group, rule)
+            if backward is not None:
+                expect_collectives(run, backward_ops, backward, f"{what}, step {step}", "backward", group,
+                                   rule)
+        if sorted(run.params) != sorted(after):
+            raise AssertionError(f"{where}: the trained module has parameters {sorted(run.params)}, expected "
+                                 f"{sorted(after)}")
+        mismatches = []  # (rank of the explanation, message): a parameter that never moved explains the rest
+        for name, full_after in after.items():
+            got = run.params[name]
+            want = shard(full_after, layout[name], index, n)
+            start = shard(before[name], layout[name], index, n)
+            if _close(got, want):
+                continue
+            hint, order = "", 2
+            if got.shape == start.shape and torch.equal(got.double(), start.double()):
+                hint = " (it did not move at all: is it registered as a parameter, does it get a gradient?)"
+                order = 0
+            elif got.shape == want.shape and ratio_hint(got - start, want - start):
+                hint, order = ratio_hint(got - start, want - start).replace("(", "(the update is ").replace(
+                    "expected values", "expected update"), 1
+            mismatches.append((order, f"{where}: after {len(losses)} SGD steps, {name} is "
+                                      f"{describe(got, 4)}, expected its {layout[name]} slice of the "
+                                      f"unsharded module's, {describe(want, 4)}{hint}"))
+        if mismatches:
+            raise AssertionError(min(mismatches, key=lambda m: m[0])[1])
+        for step, (got, want) in enumerate(zip(run.losses, losses, strict=True)):
+            if abs(got - want) > 1e-9 * max(1.0, abs(want)):
+                raise AssertionError(f"{where}: the loss of step {step} is {got:.12g}, expected {want:.12g} "
+                                     f"(the unsharded module trained on the same batches)")

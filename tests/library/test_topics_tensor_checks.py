@@ -1,0 +1,186 @@
+"""dpcourse.topics.tensor.runs and checks: a correct tensor-parallel piece passes, known mistakes are named.
+
+The correct pieces are the reference layers of the grader (dpgrader.tuned.tensor_parallel); the
+mistakes are small variations of them, written here.
+"""
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from dpcourse.topics.tensor.checks import (
+    COLUMN,
+    MLP,
+    ROW,
+    column_mistakes,
+    expect_module,
+    expect_operator,
+    expect_training,
+    f_semantics,
+    g_semantics,
+    gather_semantics,
+    row_mistakes,
+)
+from dpcourse.topics.tensor.models import inputs
+from dpcourse.topics.tensor.runs import run_module_cases, run_operator_cases, run_training
+from dpgrader.tuned import tensor_parallel as tp
+
+GROUPS = [[0, 1], [2, 3]]
+F_RULE = "f: the identity forward, one all-reduce of the gradient backward"
+
+
+def operator_case(shape=(3, 4), grad_shape=None, groups=GROUPS, world=4):
+    return dict(inputs=[inputs(shape, seed=r) for r in range(world)],
+                grads=[inputs(grad_shape or shape, seed=10 + r) for r in range(world)], groups=groups,
+                label="test case")
+
+
+def f_on_the_world(x, group=None):
+    return tp.copy_to_tp(x, None)
+
+
+def g_that_also_reduces_backward(x, group=None):
+    return tp.copy_to_tp(tp.reduce_from_tp(x, group), group)
+
+
+def gather_that_sums_backward(x, group=None):
+    return tp.gather_from_tp(tp.copy_to_tp(x, group), group)
+
+
+def test_the_reference_operators_pass_and_their_mistakes_are_named():
+    case, gather_case = operator_case(), operator_case((3, 2), (3, 4))
+    runs = run_operator_cases(tp.copy_to_tp, 4, [case], exercise="f")[0]
+    expect_operator(runs, case, f_semantics(case, 4), "f", F_RULE)
+    runs = run_operator_cases(tp.reduce_from_tp, 4, [case], exercise="g")[0]
+    expect_operator(runs, case, g_semantics(case, 4), "g")
+    runs = run_operator_cases(tp.gather_from_tp, 4, [gather_case], exercise="gather")[0]
+    expect_operator(runs, gather_case, gather_semantics(gather_case, 4), "gather")
+
+    runs = run_operator_cases(f_on_the_world, 4, [case], exercise="f")[0]
+    with pytest.raises(AssertionError, match=r"ran on ranks \(0, 1, 2, 3\), expected its tensor-parallel "
+                                             r"group \(0, 1\) -- the whole world"):
+        expect_operator(runs, case, f_semantics(case, 4), "f", F_RULE)
+    runs = run_operator_cases(tp.reduce_from_tp, 4, [case], exercise="f")[0]
+    with pytest.raises(AssertionError, match=r"rank 0 issued all_reduce of 96 bytes on ranks \(0, 1\) in "
+                                             r"forward, expected no communication \(f: the identity"):
+        expect_operator(runs, case, f_semantics(case, 4), "f", F_RULE)
+    runs = run_operator_cases(g_that_also_reduces_backward, 4, [case], exercise="g")[0]
+    with pytest.raises(AssertionError, match="in backward, expected no communication"):
+        expect_operator(runs, case, g_semantics(case, 4), "g")
+    runs = run_operator_cases(gather_that_sums_backward, 4, [gather_case], exercise="gather")[0]
+    with pytest.raises(AssertionError, match="in backward, expected no communication"):
+        expect_operator(runs, gather_case, gather_semantics(gather_case, 4), "gather")
+
+
+def test_a_wrong_value_is_explained_by_the_known_mistake_it_matches():
+    case = operator_case()
+    runs = run_operator_cases(tp.copy_to_tp, 4, [case], exercise="f")[0]
+    expected = f_semantics(case, 4)
+    expected["backward"] = [[] for _ in range(4)]          # look at the values only
+    for run in runs:
+        run.backward, run.input_grad = [], case["grads"][run.rank].double()
+    with pytest.raises(AssertionError, match="it is this rank's own output gradient: backward must"):
+        expect_operator(runs, case, expected, "f")
+
+
+class ColumnWithoutF(tp.ColumnParallelLinear):
+    def forward(self, x):
+        return F.linear(x, self.weight, self.bias)
+
+
+class ColumnSlicedByWorldRank(tp.ColumnParallelLinear):
+    def __init__(self, linear, group=None, gather_output=False):
+        super().__init__(linear, group, gather_output)
+        rows = linear.out_features // dist.get_world_size(group)
+        r = dist.get_rank() % (linear.out_features // rows)
+        self.weight = nn.Parameter(linear.weight.detach()[r * rows:(r + 1) * rows].clone())
+
+
+class RowWithBiasOnEveryRank(tp.RowParallelLinear):
+    def forward(self, x):
+        return tp.reduce_from_tp(F.linear(x, self.weight, self.bias), self.group)
+
+
+def column_case(groups=None, **options):
+    return dict(full=("linear", dict(in_features=8, out_features=12, seed=1)), options=options,
+                x=inputs((5, 8), seed=2), dy=inputs((5, 12), seed=3),
+                output="replicated" if options.get("gather_output") else "parallel", groups=groups, label="c")
+
+
+def test_layers_pass_and_layer_mistakes_are_named():
+    case = column_case(GROUPS)
+    expect_module(run_module_cases(tp.ColumnParallelLinear, 4, [case], exercise="c")[0], case, COLUMN, "c",
+                  forward=[], backward=[("all_reduce", 5 * 8 * 8)], wrong=column_mistakes(case))
+    runs = run_module_cases(ColumnWithoutF, 4, [case], exercise="c")[0]
+    with pytest.raises(AssertionError, match=r"is f \(copy_to_tp\) missing\?"):
+        expect_module(runs, case, COLUMN, "c", wrong=column_mistakes(case))
+    shifted = column_case([[0, 2], [1, 3]])
+    runs = run_module_cases(ColumnSlicedByWorldRank, 4, [shifted], exercise="c")[0]
+    message = r"rank 1 \(rank 0 of 2 in its group\) holds weight .* the slice of group rank 1; "
+    with pytest.raises(AssertionError, match=message):
+        expect_module(runs, shifted, COLUMN, "c")
+    row = dict(full=("linear", dict(in_features=8, out_features=6, seed=4)), options={},
+               x=inputs((5, 8), seed=5), dy=inputs((5, 6), seed=6), input="parallel", groups=None, label="r")
+    expect_module(run_module_cases(tp.RowParallelLinear, 2, [row], exercise="r")[0], row, ROW, "r",
+                  forward=[("all_reduce", 5 * 6 * 8)], backward=[], wrong=row_mistakes(row))
+    runs = run_module_cases(RowWithBiasOnEveryRank, 2, [row], exercise="r")[0]
+    with pytest.raises(AssertionError, match="off by 1 x bias: the bias was added on every rank before"):
+        expect_module(runs, row, ROW, "r", wrong=row_mistakes(row))
+
+
+class MLPWithFrozenFc2(tp.TensorParallelMLP):
+    def __init__(self, mlp, group=None):
+        super().__init__(mlp, group)
+        self.fc2.bias.requires_grad_(False)
+
+
+def test_training_is_compared_slice_by_slice_with_the_unsharded_module():
+    case = dict(full=("mlp", dict(d_model=8, d_hidden=16, seed=0)), groups=GROUPS, lr=0.2,
+                batches=[(inputs((4, 8), seed=s), inputs((4, 8), seed=10 + s)) for s in range(3)], label="t")
+    size = [("all_reduce", 4 * 8 * 8)]
+    expect_training(run_training(tp.TensorParallelMLP, 4, case, exercise="t"), case, MLP, "t", forward=size,
+                    backward=size)
+    with pytest.raises(AssertionError, match=r"fc2.bias is .* \(it did not move at all"):
+        expect_training(run_training(MLPWithFrozenFc2, 4, case, exercise="t"), case, MLP, "t")
+
+
+def test_a_learner_exception_names_the_exercise_the_case_and_the_rank():
+    from dpcourse import LaunchError
+
+    def broken(x, group=None):
+        raise NotImplementedError()
+
+    with pytest.raises(LaunchError, match=r"f \(test case\) raised on rank \d: NotImplementedError"):
+        run_operator_cases(broken, 4, [operator_case()], exercise="f")
+
+
+def test_output_gradients_reach_only_outputs_that_require_grad():
+    def detached(x, group=None):
+        return x.detach() * 1
+
+    case = operator_case(groups=None, world=2)
+    runs = run_operator_cases(detached, 2, [case], exercise="f")[0]
+    assert all(run.no_grad and run.input_grad is None for run in runs)
+    with pytest.raises(AssertionError, match="output does not require grad"):
+        expect_operator(runs, case, f_semantics(case, 2), "f")
+    assert torch.equal(runs[0].output, case["inputs"][0])
+
+
+class AttentionWithAllHeadsOnEveryRank(tp.TensorParallelAttention):
+    def __init__(self, attention, group=None):
+        super().__init__(attention, group)
+        self.heads = attention.n_heads
+
+
+def test_attention_with_every_head_on_every_rank_is_named():
+    from dpcourse.topics.tensor.checks import ATTENTION, attention_mistakes
+
+    case = dict(full=("attention", dict(d_model=8, n_heads=4, seed=0)), x=inputs((2, 3, 8), seed=1),
+                dy=inputs((2, 3, 8), seed=2), groups=None, label="a")
+    runs = run_module_cases(tp.TensorParallelAttention, 2, [case], exercise="a")[0]
+    expect_module(runs, case, ATTENTION, "a", wrong=attention_mistakes(case))
+    runs = run_module_cases(AttentionWithAllHeadsOnEveryRank, 2, [case], exercise="a")[0]
+    with pytest.raises(AssertionError, match="each rank computed all 4 heads on its slice of qkv"):
+        expect_module(runs, case, ATTENTION, "a", wrong=attention_mistakes(case))
