@@ -4,10 +4,11 @@
     python autograder/autograde.py --jobs 4 --no-sandbox
 
 Two phases, so that one bad submission never stops the others and the class grades in parallel:
-  1. judge: each submission (submitted/<student>/<assignment>/<notebook>.ipynb) is graded on its
-     own, JOBS at a time, in a scratch course with its own gradebook (grade.py): sandboxed kernel
-     for its cells, the judge for its test cells. A submission that cannot be read, crashes the
-     grader or runs past its time limit is listed with the reason; the others go on.
+  1. judge: the submissions (submitted/<student>/<assignment>/<notebook>.ipynb) are graded in
+     batches of one assignment, JOBS batches at a time, each in a scratch course with its own
+     gradebook (grade.py): a sandboxed kernel for each notebook's cells, the judge for its test
+     cells. A submission that cannot be read, crashes the grader or runs past its time limit is
+     listed with the reason; the others go on.
   2. record: for each assignment, one `nbgrader autograde` over the class gradebook replays the
      outputs phase 1 computed (no learner code runs again), then feedback (hidden tests cleared)
      and grades.csv. Submissions that failed phase 1 are left out and listed.
@@ -28,6 +29,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 PER_SUBMISSION_TIMEOUT = 1800  # seconds phase 1 may spend on one submission
+BATCH = 8  # submissions of one assignment graded by one grade.py run (nbgrader starts once per batch)
 
 
 def course_root():
@@ -37,8 +39,14 @@ def course_root():
 def nbgrader(*args, env=None, check=True):
     env = dict(env or os.environ)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    proc = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=HERE, env=env, capture_output=True,
-                          text=True, timeout=6 * 3600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "nbgrader", *args],
+        cwd=HERE,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=6 * 3600,
+    )
     if check and proc.returncode != 0:
         raise RuntimeError(f"nbgrader {' '.join(args)} failed:\n{(proc.stderr or proc.stdout)[-3000:]}")
     return proc
@@ -54,55 +62,102 @@ def submissions(root):
     return found
 
 
-def judge_one(notebook, assignment, replay_dir, sandboxed):
-    """Phase 1 for one submission, in a child process (grade.py --keep): its result and its graded copy."""
-    scratch = replay_dir / "scratch" / f"{notebook.parent.parent.name}-{assignment}"
+def judge_batch(batch, assignment, replay_dir, sandboxed):
+    """Phase 1 for several submissions of one assignment, in one grade.py run (one nbgrader start for
+    all of them): {student: result}, and each graded copy saved for phase 2."""
+    scratch = replay_dir / "scratch" / f"{assignment}-{batch[0][0]}"
     shutil.rmtree(scratch, ignore_errors=True)
-    command = [sys.executable, str(HERE / "grade.py"), str(notebook), "--assignment", assignment, "--json",
-               "--keep", str(scratch)]
+    command = [
+        sys.executable,
+        str(HERE / "grade.py"),
+        *(str(nb) for _, nb in batch),
+        "--assignment",
+        assignment,
+        "--json",
+        "--keep",
+        str(scratch),
+    ]
     if not sandboxed:
         command.append("--no-sandbox")
     try:
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=PER_SUBMISSION_TIMEOUT,
-                              start_new_session=True)
+        proc = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            timeout=PER_SUBMISSION_TIMEOUT * len(batch),
+            start_new_session=True,
+        )
     except subprocess.TimeoutExpired:
-        return {"error": f"grading took longer than {PER_SUBMISSION_TIMEOUT} s and was stopped"}
+        return {
+            student: {
+                "error": f"grading took longer than {PER_SUBMISSION_TIMEOUT} s a notebook and was stopped"
+            }
+            for student, _ in batch
+        }
     try:
-        result = json.loads(proc.stdout)
+        results = json.loads(proc.stdout)
     except ValueError:
-        return {"error": "the grader failed: " + (proc.stderr or proc.stdout).strip()[-1500:]}
-    graded = scratch / "autograder" / "autograded" / "learner0" / assignment / notebook.name
-    if result.get("error") or not graded.exists():
-        return {"error": result.get("error") or "nbgrader wrote no graded notebook"}
-    target = replay_dir / notebook.parent.parent.name / assignment / notebook.name
-    target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy(graded, target)
+        reason = "the grader failed: " + (proc.stderr or proc.stdout).strip()[-1500:]
+        return {student: {"error": reason} for student, _ in batch}
+    results = results if isinstance(results, list) else [results]
+    out = {}
+    for index, ((student, notebook), result) in enumerate(zip(batch, results, strict=True)):
+        graded = scratch / "autograder" / "autograded" / f"learner{index}" / assignment / notebook.name
+        if result.get("error") or not graded.exists():
+            out[student] = {"error": result.get("error") or "nbgrader wrote no graded notebook"}
+            continue
+        target = replay_dir / student / assignment / notebook.name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(graded, target)
+        out[student] = result
     shutil.rmtree(scratch, ignore_errors=True)
-    return result
+    return out
+
+
+def batches(subs, jobs, size=BATCH):
+    """[(assignment, [(student, notebook), ...])]: each assignment's submissions cut into batches of at
+    most `size`, and into at least `jobs` batches where there are enough, so the workers share them."""
+    by_assignment = {}
+    for student, assignment, notebook in subs:
+        by_assignment.setdefault(assignment, []).append((student, notebook))
+    out = []
+    for assignment, items in by_assignment.items():
+        count = max(1, min(len(items), max(jobs, -(-len(items) // size))))
+        for k in range(count):
+            chunk = items[k::count]
+            if chunk:
+                out.append((assignment, chunk))
+    return out
 
 
 def progress(done, total, current, start):
     width = 30
     filled = int(width * done / max(total, 1))
-    line = (f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total}  {time.monotonic() - start:6.0f} s  "
-            f"{current:<40.40}")
+    line = (
+        f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total}  {time.monotonic() - start:6.0f} s  "
+        f"{current:<40.40}"
+    )
     print(line, end="", flush=True)
 
 
 def judge_class(subs, replay_dir, jobs, sandboxed):
-    """Phase 1 for every submission, `jobs` at a time; returns {(student, assignment): result}."""
+    """Phase 1 for every submission, `jobs` batches at a time; returns {(student, assignment): result}."""
     results, start = {}, time.monotonic()
     progress(0, len(subs), "", start)
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = {pool.submit(judge_one, nb, assignment, replay_dir, sandboxed): (student, assignment)
-                   for student, assignment, nb in subs}
+        futures = {
+            pool.submit(judge_batch, batch, assignment, replay_dir, sandboxed): (assignment, batch)
+            for assignment, batch in batches(subs, jobs)
+        }
         for future in concurrent.futures.as_completed(futures):
-            student, assignment = futures[future]
+            assignment, batch = futures[future]
             try:
-                results[(student, assignment)] = future.result()
-            except Exception as exc:  # noqa: BLE001 - a grader bug on one submission: listed, not fatal
-                results[(student, assignment)] = {"error": f"{type(exc).__name__}: {exc}"}
-            progress(len(results), len(subs), f"{student}/{assignment}", start)
+                done = future.result()
+            except Exception as exc:  # noqa: BLE001 - a grader bug on one batch: listed, not fatal
+                done = {student: {"error": f"{type(exc).__name__}: {exc}"} for student, _ in batch}
+            for student, result in done.items():
+                results[(student, assignment)] = result
+            progress(len(results), len(subs), f"{batch[-1][0]}/{assignment}", start)
     print()
     return results
 
@@ -118,8 +173,9 @@ def record_class(root, assignments, failed, replay_dir):
             args = [step, assignment, "--force", *(extra if step != "generate_assignment" else [])]
             proc = nbgrader(*args, env=env, check=False)
             if proc.returncode != 0:
-                problems.append(f"{assignment}: nbgrader {step} reported errors:\n"
-                                + _errors(proc.stderr or proc.stdout))
+                problems.append(
+                    f"{assignment}: nbgrader {step} reported errors:\n" + _errors(proc.stderr or proc.stdout)
+                )
     nbgrader("export", "--to", str(root / "autograder" / "grades.csv"), env=env)
     return problems
 
@@ -131,16 +187,23 @@ def _errors(log):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--jobs", type=int, default=int(os.environ.get("JOBS", 2)),
-                        help="submissions graded at once (default: $JOBS or 2)")
-    parser.add_argument("--no-sandbox", action="store_true",
-                        help="grade without the sandbox (not for a class)")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=int(os.environ.get("JOBS", 2)),
+        help="submissions graded at once (default: $JOBS or 2)",
+    )
+    parser.add_argument(
+        "--no-sandbox", action="store_true", help="grade without the sandbox (not for a class)"
+    )
     args = parser.parse_args(argv)
     root = course_root()
     subs = submissions(root)
     if not subs:
-        print(f"no submissions in {root / 'autograder' / 'submitted'} "
-              "(expected submitted/<student>/<assignment>/<notebook>.ipynb)")
+        print(
+            f"no submissions in {root / 'autograder' / 'submitted'} "
+            "(expected submitted/<student>/<assignment>/<notebook>.ipynb)"
+        )
         return 0
     unknown = sorted({a for _, a, _ in subs if not (root / "solutions" / a).is_dir()})
     subs = [s for s in subs if s[1] not in unknown]

@@ -223,18 +223,18 @@ def test_a_class_with_hostile_submissions_is_graded_honestly_and_completely(tmp_
     shutil.copytree(REPO / "solutions" / "00_orientation", root / "solutions" / "00_orientation")
     shutil.copytree(REPO / "course" / "00_orientation", root / "course" / "00_orientation")
     port = _free_port()
-    extras = {"honest": None, "gradebook_writer": GRADEBOOK_WRITER,
-              "daemon": DAEMON.replace("PORT", str(port)), "ignores_sigint": SIGINT_LOOP,
-              "prints_200_mb": HUGE_PRINT, "kills_its_kernel": CRASH}
+    mischief = [GRADEBOOK_WRITER, DAEMON.replace("PORT", str(port)), HUGE_PRINT]  # one cell each
+    extras = {"honest": [], "mischief": mischief, "ignores_sigint": [SIGINT_LOOP],
+              "kills_its_kernel": [CRASH]}
     submitted = root / "autograder" / "submitted"
-    for student, extra in extras.items():
+    for student, cells in extras.items():
         path = notebook("00_orientation", "solutions", {}, submitted / student, "00_orientation")
-        if extra:
-            _with_extra_cell(path, extra)
+        for source in reversed(cells):
+            _with_extra_cell(path, source)
     broken = submitted / "truncated" / "00_orientation" / "00_orientation.ipynb"
     broken.parent.mkdir(parents=True)
     broken.write_text(path.read_text()[:500])
-    env = dict(os.environ, DPCOURSE_COURSE_ROOT=str(root), DPCOURSE_CELL_TIMEOUT="20", DPCOURSE_DEADLINE="20",
+    env = dict(os.environ, DPCOURSE_COURSE_ROOT=str(root), DPCOURSE_CELL_TIMEOUT="10", DPCOURSE_DEADLINE="20",
                DPCOURSE_DB_URL=f"sqlite:///{root / 'gradebook.db'}")
     start = time.monotonic()
     proc = subprocess.run([sys.executable, str(REPO / "autograder" / "autograde.py"), "--jobs", "2"], env=env,
@@ -247,7 +247,7 @@ def test_a_class_with_hostile_submissions_is_graded_honestly_and_completely(tmp_
     with open(root / "autograder" / "grades.csv") as f:
         scores = {row["student_id"]: float(row["raw_score"]) for row in csv.DictReader(f)}
     assert scores == {s: 6.0 for s in extras}, f"{scores}\n{report[-2000:]}"
-    graded = root / "autograder" / "autograded" / "prints_200_mb" / "00_orientation" / "00_orientation.ipynb"
+    graded = root / "autograder" / "autograded" / "mischief" / "00_orientation" / "00_orientation.ipynb"
     assert graded.stat().st_size < 2_000_000, "the 200 MB print reached the graded notebook"
     assert not descendants_of(os.getpid()), "processes left behind"
     with socket.socket() as s:
