@@ -20,6 +20,7 @@ when graded).
 
 import torch
 
+from dpcourse.checks.core import ratio_hint
 from dpcourse.checks.params import expect_same_state
 from dpcourse.topics.compression.checks import (
     expect_error_feedback,
@@ -193,10 +194,11 @@ def check_topk_compress(topk_compress, topk_decompress):
         except ValueError:
             continue
         except Exception as exc:  # noqa: BLE001 - the learner's error, named in the message
-            raise AssertionError(f"topk_compress(a tensor of 12 elements, k={k}) raised {type(exc).__name__}: "
-                                 f"{exc}; expected a ValueError that says k must be between 1 and 12") from None
-        raise AssertionError(f"topk_compress(a tensor of 12 elements, k={k}) returned without complaint: raise a "
-                             f"ValueError (k must be between 1 and 12)")
+            raise AssertionError(f"topk_compress(a tensor of 12 elements, k={k}) raised "
+                                 f"{type(exc).__name__}: {exc}; expected a ValueError that says k must be "
+                                 f"between 1 and 12") from None
+        raise AssertionError(f"topk_compress(a tensor of 12 elements, k={k}) returned without complaint: "
+                             f"raise a ValueError (k must be between 1 and 12)")
 
 
 # --------------------------------------------------------------------------- 2. topk_all_reduce
@@ -244,12 +246,12 @@ def check_powersgd_hook(powersgd_hook, PowerSGDState):
                 got = results[0]["grads"][step][name]
                 if not torch.allclose(got, grad, rtol=0, atol=1e-9):
                     raise AssertionError(
-                        f"{what}, step {step}: the gradient applied to {name} is {_short(got)}, the simulation "
-                        f"of {world_size} workers gives {_short(grad)} (largest difference "
-                        f"{(got - grad).abs().max().item():.3g})")
+                        f"{what}, step {step}: the gradient applied to {name} is {_short(got)}, the "
+                        f"simulation of {world_size} workers gives {_short(grad)} (largest difference "
+                        f"{(got - grad).abs().max().item():.3g}){ratio_hint(got, grad)}")
         for rank, result in enumerate(results):
-            expect_same_state(result["state"], expected["state"], f"{what}: the parameters after {steps} steps "
-                              f"should match the simulation", rank=rank, atol=1e-9)
+            expect_same_state(result["state"], expected["state"], f"{what}: the parameters after {steps} "
+                              f"steps should match the simulation", rank=rank, atol=1e-9)
 
 
 def _short(t, limit=4):
@@ -268,8 +270,8 @@ def check_local_sgd(local_sgd):
         expect_local_sgd_calls(results, steps, H, _param_bytes(), tensors)
         expected = simulate_local_sgd(TASK_MODEL, 7, steps, 2, world_size, H)
         for rank, result in enumerate(results):
-            expect_same_state(result["state"], expected[rank], f"local_sgd with H = {H} on {world_size} ranks, "
-                              f"{steps} steps (averaged after steps "
+            expect_same_state(result["state"], expected[rank], f"local_sgd with H = {H} on {world_size} "
+                              f"ranks, {steps} steps (averaged after steps "
                               f"{', '.join(str(s) for s in range(H, steps + 1, H)) or 'none'}), should match "
                               f"the simulation", rank=rank, atol=1e-10)
         if steps % H == 0:
@@ -284,9 +286,9 @@ def check_async_sgd(async_sgd):
         results = launch_run(async_run, workers + 1, async_sgd, TASK_MODEL, 9, updates, 4, delay)
         expect_server_traffic(results, updates, workers, _param_bytes())
         expected = simulate_async(TASK_MODEL, 9, updates, 4, delay)
-        what = (f"async_sgd with {workers} worker(s), delay {delay}, {updates} updates: the server's parameters "
-                f"should match the simulation (update t applies the gradient computed at version max(0, t - "
-                f"{delay}) to the latest version)")
+        what = (f"async_sgd with {workers} worker(s), delay {delay}, {updates} updates: the server's "
+                f"parameters should match the simulation (update t applies the gradient computed at version "
+                f"max(0, t - {delay}) to the latest version)")
         expect_same_state(results[0]["state"], expected, what, rank=0, atol=1e-10)
 
 

@@ -59,8 +59,10 @@ def top_positions(tensor, k):
 def expect_topk_pair(got, x, k, what="topk_compress"):
     """got = topk_compress(x, k): k values (x's dtype) and k int32 indices of x's largest |entries|."""
     call = f"{what}({describe(x)[:60]}, k={k})"
-    if not (isinstance(got, (tuple, list)) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got)):
-        raise AssertionError(f"{call} should return (values, indices), two tensors; got {describe(got)[:200]}")
+    if not (isinstance(got, (tuple, list)) and len(got) == 2
+            and all(isinstance(t, torch.Tensor) for t in got)):
+        raise AssertionError(f"{call} should return (values, indices), two tensors; "
+                             f"got {describe(got)[:200]}")
     values, indices = got
     if indices.dtype != torch.int32:
         extra = (f" ({indices.element_size()} bytes per index instead of {INDEX_BYTES})"
@@ -82,7 +84,8 @@ def expect_topk_pair(got, x, k, what="topk_compress"):
         raise AssertionError(f"{call} kept positions {sorted(picked)[:12]}, expected {sorted(expected)[:12]} "
                              f"(the k = {k} entries of largest |x|){hint}")
     if not torch.equal(values, flat[indices.long()]):
-        hint = " (their magnitudes: keep the signs)" if torch.equal(values, flat[indices.long()].abs()) else ""
+        magnitudes = torch.equal(values, flat[indices.long()].abs())
+        hint = " (their magnitudes: keep the signs)" if magnitudes else ""
         raise AssertionError(f"{call}: values are {describe(values)}, but x at those indices holds "
                              f"{describe(flat[indices.long()])}{hint}")
 
@@ -133,15 +136,18 @@ def _expect_split(acc, new, grad, old, k, where, error_feedback):
                                  f"was sent, without the old residual: add the residual to the gradient "
                                  f"before compressing (error feedback)")
         if not new.any():
-            raise AssertionError(f"{where}: the new residual is all zeros, but only k = {k} entries were sent: "
-                                 f"keep what was not sent (gradient + old residual - sent) for the next step")
+            raise AssertionError(f"{where}: the new residual is all zeros, but only k = {k} entries were "
+                                 f"sent: keep what was not sent (gradient + old residual - sent) for the "
+                                 f"next step")
         if old.any() and top_positions(grad, k) != top_positions(acc, k) and \
                 not torch.equal(flat_new[rest], flat_acc[rest]):
+            where_first = _first_difference(flat_new[rest], flat_acc[rest])
             raise AssertionError(f"{where}: sent + new residual is not gradient + old residual where nothing "
                                  f"was sent; did you pick the top k of the gradient alone? Add the old "
-                                 f"residual first (error feedback){_first_difference(flat_new[rest], flat_acc[rest])}")
+                                 f"residual first (error feedback){where_first}")
         raise AssertionError(f"{where}: where nothing was sent, the new residual must equal gradient + old "
-                             f"residual{_first_difference(flat_new[rest], flat_acc[rest])}")
+                             f"residual{_first_difference(flat_new[rest], flat_acc[rest])}"
+                             f"{ratio_hint(flat_new[rest], flat_acc[rest])}")
     kept = flat_new[top]
     if kept.any():
         if torch.equal(kept, flat_acc[top]):
@@ -169,9 +175,9 @@ def expect_topk_bytes(results, k, element_size, steps, numel):
         if others:
             dense = " of the dense sum" if any(o.nbytes == numel * element_size for o in calls) else ""
             raise AssertionError(
-                f"rank {rank} called {', '.join(others)}{dense}: a top-k all-reduce all-gathers each rank's k "
-                f"values and k indices, because a sum of sparse vectors is not sparse (an all-reduce of the "
-                f"dense tensor sends all {numel} entries)")
+                f"rank {rank} called {', '.join(others)}{dense}: a top-k all-reduce all-gathers each rank's "
+                f"k values and k indices, because a sum of sparse vectors is not sparse (an all-reduce of "
+                f"the dense tensor sends all {numel} entries)")
         handed = sum(o.nbytes for o in calls)
         if handed != want:
             per_step = handed / steps
@@ -179,11 +185,13 @@ def expect_topk_bytes(results, k, element_size, steps, numel):
             if per_step == k * (element_size + 8):
                 hint = " -- int64 indices (8 bytes each): send them as int32"
             elif per_step % (element_size + INDEX_BYTES) == 0 and per_step != 0:
-                hint = f" -- {int(per_step // (element_size + INDEX_BYTES))} (value, index) pairs per step, k = {k}"
+                pairs = int(per_step // (element_size + INDEX_BYTES))
+                hint = f" -- {pairs} (value, index) pairs per step, k = {k}"
             raise AssertionError(
                 f"rank {rank} handed {handed} bytes to all-gathers in {steps} steps ({per_step:g} per step), "
-                f"expected k·(e + 4) = {k}·({element_size} + {INDEX_BYTES}) = {topk_handed_bytes(k, element_size)} "
-                f"per step: k values of {element_size} bytes and k int32 indices{hint}")
+                f"expected k·(e + 4) = {k}·({element_size} + {INDEX_BYTES}) = "
+                f"{topk_handed_bytes(k, element_size)} per step: k values of {element_size} bytes and k "
+                f"int32 indices{hint}")
 
 
 # -- PowerSGD --------------------------------------------------------------------------------------------
@@ -204,14 +212,15 @@ def expect_powersgd_bytes(results, shapes, matrix_rank, element_size, steps):
         if handed == want:
             continue
         hint = ""
-        if handed == full:
-            hint = " -- that is the whole gradient: nothing was compressed"
-        elif handed > full:
-            hint = " -- more than the whole gradient: are the compressed matrices all-reduced in full as well?"
-        elif handed == steps * sum(_elements_compressing_every_matrix(shapes, matrix_rank).values()) * element_size:
+        every = steps * sum(_elements_compressing_every_matrix(shapes, matrix_rank).values()) * element_size
+        if handed == every:
             rule = [name for name, s in shapes.items() if len(s) >= 2 and not compressible(s, matrix_rank)]
             hint = (f" -- compress a matrix only when its factors are smaller, (n + m)·r < n·m: "
                     f"{', '.join(rule)} must travel uncompressed at rank {matrix_rank}")
+        elif handed == full:
+            hint = " -- that is the whole gradient: nothing was compressed"
+        elif handed > full:
+            hint = " -- more than the whole gradient: are the compressed matrices also all-reduced in full?"
         raise AssertionError(
             f"rank {rank} handed {handed} bytes to all-reduces in {steps} steps, expected {want} = {steps} x "
             f"({counts['P']} elements of P + {counts['Q']} of Q + {counts['uncompressed']} uncompressed) x "
@@ -319,20 +328,21 @@ def expect_local_sgd_calls(results, steps, H, param_bytes, tensors):
         elif sizes and len(sizes) == want:
             hint = f" -- each all-reduce should carry all {param_bytes} bytes of parameters"
         raise AssertionError(
-            f"rank {rank} made {len(sizes)} all-reduce(s) of {sorted(set(sizes))} bytes in {steps} steps with "
-            f"H = {H}, expected {want} (one after steps {', '.join(str(H * i) for i in range(1, want + 1))}) of "
-            f"{param_bytes} bytes (all the parameters, flattened){hint}")
+            f"rank {rank} made {len(sizes)} all-reduce(s) of {sorted(set(sizes))} bytes in {steps} steps "
+            f"with H = {H}, expected {want} (one after steps "
+            f"{', '.join(str(H * i) for i in range(1, want + 1))}) of {param_bytes} bytes (all the "
+            f"parameters, flattened){hint}")
 
 
-def expect_ranks_agree(results, what):
+def expect_ranks_agree(results, what, hint="averaged, not summed, and written back into the model?"):
     """Every rank ends with rank 0's parameters (after an averaging step they are identical)."""
     for rank, result in enumerate(results[1:], start=1):
         for name, tensor in results[0]["state"].items():
             diff = (result["state"][name] - tensor).abs().max().item()
             if diff > 1e-12:
-                raise AssertionError(f"{what}: rank {rank}'s {name} differs from rank 0's by {diff:.3g}: after "
-                                     f"an averaging step every rank holds the same parameters (averaged, not "
-                                     f"summed, and written back into the model?)")
+                raise AssertionError(f"{what}: rank {rank}'s {name} differs from rank 0's by {diff:.3g}: "
+                                     f"after an averaging step every rank holds the same parameters "
+                                     f"({hint})")
 
 
 def expect_state(got, expected, what, rank=0, atol=1e-10):
@@ -354,7 +364,8 @@ def expect_server_traffic(results, updates, workers, param_bytes):
         first = next((i for i, (a, b) in enumerate(zip(got, expected, strict=False)) if a != b),
                      min(len(got), len(expected)))
         t = first // 2
-        show = lambda pairs: ", ".join(f"{op} {'to' if op == 'send' else 'from'} {peer}" for op, peer in pairs)
+        show = lambda pairs: ", ".join(f"{op} {'to' if op == 'send' else 'from'} {peer}"
+                                       for op, peer in pairs)
         raise AssertionError(
             f"the server's calls for update {t} onward are [{show(got[2 * t:2 * t + 4])}], expected "
             f"[{show(expected[2 * t:2 * t + 4])}]: update t is worker 1 + t mod {workers}'s -- send it the "
@@ -362,12 +373,14 @@ def expect_server_traffic(results, updates, workers, param_bytes):
             f"{len(expected)})")
     for o in p2p:
         if o.nbytes != param_bytes:
-            raise AssertionError(f"the server's {o.op} {'to' if o.op == 'send' else 'from'} rank {o.world_peer} "
-                                 f"moved {o.nbytes} bytes, expected {param_bytes} (all the parameters, or the "
-                                 f"whole gradient, flattened)")
+            direction = "to" if o.op == "send" else "from"
+            raise AssertionError(f"the server's {o.op} {direction} rank {o.world_peer} moved {o.nbytes} "
+                                 f"bytes, expected {param_bytes} (all the parameters, or the whole gradient, "
+                                 f"flattened)")
     for worker in range(1, workers + 1):
         mine = [(o.op, o.world_peer) for o in results[worker]["ops"] if o.op in ("send", "recv")]
         count = len(range(worker - 1, updates, workers))
         if mine != [("recv", 0), ("send", 0)] * count:
-            raise AssertionError(f"worker {worker} made the calls {mine[:6]}{'...' if len(mine) > 6 else ''}, "
-                                 f"expected {count} x (receive the parameters from 0, send the gradient to 0)")
+            more = "..." if len(mine) > 6 else ""
+            raise AssertionError(f"worker {worker} made the calls {mine[:6]}{more}, expected {count} x "
+                                 f"(receive the parameters from 0, send the gradient to 0)")
