@@ -10,17 +10,27 @@ per-round ratios). torch's state is configured to do what the exercise does -- c
 third step (`start_powerSGD_iter=2`, the least torch accepts with error feedback), every matrix
 whose factors are smaller (`min_compression_rate=1`), error feedback and warm start on -- so the
 two hooks send the same bytes and the ratio of their step times compares implementations.
+
+One bucket for every variant (`bucket_cap_mb` large; an explicit cap also sets the first bucket's):
+with several buckets on gloo, torch's powerSGD_hook issues the P and Q all-reduces of different buckets
+from `.then` callbacks, on whatever thread completed the previous all-reduce, so the ranks can issue them
+in different orders. Measured here (2 ranks, a 256-wide MLP of 4 layers, bucket_cap_mb=0.3, 5 steps):
+3 runs of 3 hung or aborted in gloo ("Received data size doesn't match expected size"), while a hook
+that issues every collective from backward's thread, in bucket order, ran.
 """
 
 from dpcourse.runtime.backend import rank_device
 from dpcourse.topics.ddp.bench import compare_step_times
+
+ONE_BUCKET_MB = 1024  # every gradient in one bucket (see the module docstring)
 
 
 def _ddp(module):
     from torch.nn.parallel import DistributedDataParallel
 
     device = rank_device()
-    return DistributedDataParallel(module, device_ids=[device] if device.type == "cuda" else None)
+    return DistributedDataParallel(module, device_ids=[device] if device.type == "cuda" else None,
+                                   bucket_cap_mb=ONE_BUCKET_MB)
 
 
 def torch_state(matrix_rank):

@@ -16,8 +16,8 @@ pairs are gathered instead, and every rank adds the N sparse vectors itself. Its
 top-k sends fewer bytes than the full all-reduce only while (N-1)·k·(e + 4) < 2(N-1)/N · n·e, i.e.
 k/n < 2e / (N·(e + 4)), which is 1/N in float32: an eighth of the gradient on 8 ranks, 1/64 on 64.
 
-`wire_bytes` turns recorded calls (comm.recorder.CommOp: bytes handed to the call) into bytes on the
-network with the ring algorithms of notebook 04, for the demos' loss-against-bytes picture.
+Bytes on the network from recorded calls (the demos' loss-against-bytes picture) come from
+dpcourse.comm.volume, which counts every call as notebook 04's rings send it.
 """
 
 import math
@@ -58,30 +58,3 @@ def powersgd_elements(shapes, matrix_rank):
         else:
             counts["uncompressed"] += math.prod(shape)
     return counts
-
-
-# bytes a rank sends, as a multiple of the recorded (handed) bytes, in a group of n ranks
-_RING = {
-    "all_reduce": lambda n: 2 * (n - 1) / n,
-    "all_gather": lambda n: n - 1,
-    "broadcast": lambda n: (n - 1) / n,  # a pipelined ring, averaged over ranks
-    "send": lambda n: 1,
-}
-_SILENT = {"recv", "recv_any_source", "barrier"}
-
-
-def wire_bytes(op, world_size=None):
-    """Bytes one recorded call puts on the network from this rank, sent as notebook 04's rings would."""
-    if op.op in _SILENT:
-        return 0.0
-    if op.op not in _RING:
-        raise ValueError(f"no traffic model for {op.op!r} (known: {', '.join(sorted(_RING))})")
-    n = len(op.group) if op.group else world_size
-    if n is None:
-        raise ValueError(f"the record of {op.op} names no group: pass world_size")
-    return _RING[op.op](n) * op.nbytes
-
-
-def total_wire_bytes(ops_per_rank, world_size=None):
-    """Bytes all ranks together put on the network, from each rank's records."""
-    return sum(wire_bytes(op, world_size) for ops in ops_per_rank for op in ops)

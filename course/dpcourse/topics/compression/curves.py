@@ -5,7 +5,7 @@
 Why a module: the notebook's closing picture puts full all-reduce, top-k with and without error
 feedback, PowerSGD at several ranks, local SGD at several H and asynchronous SGD at several delays on
 the same axes -- the loss of the same model (`DEMO_MODEL`, float64) on held-out rows, against the
-bytes all ranks together put on the network (costs.wire_bytes of the recorded calls). Every run
+bytes all ranks together put on the network (comm.volume.bytes_sent of the recorded calls). Every run
 sees the same global batches in the same order (the asynchronous runs take one global batch per
 update, so with no delay they are exactly synchronous SGD), and each takes a second or two.
 
@@ -22,10 +22,10 @@ import torch
 import torch.distributed as dist
 
 from dpcourse.comm.recorder import CommRecorder
+from dpcourse.comm.volume import bytes_sent
 from dpcourse.runtime.backend import rank_device
 from dpcourse.runtime.launcher import launch
-from dpcourse.topics.compression.costs import wire_bytes
-from dpcourse.topics.compression.data import held_out, task_data
+from dpcourse.topics.compression.data import task_with_held_out
 from dpcourse.topics.compression.runs import LR, build_model
 from dpcourse.toys.data import global_batch, my_share
 from dpcourse.toys.models import loss_fn
@@ -51,7 +51,7 @@ def _loss(net, x, y):
 
 
 def _sent(ops):
-    return sum(wire_bytes(op, dist.get_world_size()) for op in ops)
+    return bytes_sent(ops, dist.get_world_size())
 
 
 def _synchronous(kind, learner, options, net, batches, lr, evaluate):
@@ -97,8 +97,8 @@ def method_runs(methods, steps, per_rank, seed=1, lr=LR, model=DEMO_MODEL):
     start and end for asynchronous SGD)."""
     device = rank_device()
     world_size = dist.get_world_size()
-    X, Y = task_data(steps, per_rank, world_size, seed)
-    xh, yh = (t.to(device) for t in held_out())
+    X, Y, xh, yh = task_with_held_out(steps, per_rank, world_size, seed)
+    xh, yh = xh.to(device), yh.to(device)
     out = {}
     for label, (kind, learner, options) in methods.items():
         net = build_model(model, seed, device)
@@ -140,7 +140,7 @@ def compare_methods(methods, world_size=4, steps=48, per_rank=8, **options):
 
 
 STYLE = {"all_reduce": ("black", "-"), "topk": ("tab:blue", "-"), "powersgd": ("tab:orange", "-"),
-         "local_sgd": ("tab:green", "-"), "async": ("tab:red", "")}
+         "local_sgd": ("tab:green", "-"), "async": ("tab:red", "none")}
 
 
 def plot_loss_vs_bytes(curves, methods, steps, title=""):
@@ -162,11 +162,12 @@ def plot_loss_vs_bytes(curves, methods, steps, title=""):
             xs = list(range(len(points)))
         marker = "x" if kind == "async" else None
         dashes = (0, (4, 2)) if methods[label][2].get("error_feedback", True) is False else line
-        by_step.plot(xs, losses, color=colour, alpha=alpha, marker=marker, linestyle=dashes or "-",
-                     label=label)
-        sent = [b for b, _ in points[1:]]
-        by_bytes.plot(sent, losses[1:], color=colour, alpha=alpha, marker=marker or ".", markersize=4,
-                      linestyle=dashes or "", label=label)
+        if kind == "async":  # only the end is measured: no line from the start
+            xs, losses, dashes = xs[1:], losses[1:], "none"
+        by_step.plot(xs, losses, color=colour, alpha=alpha, marker=marker, linestyle=dashes, label=label)
+        after_start = points[1:]  # the start has sent nothing: no place on a log scale
+        by_bytes.plot([b for b, _ in after_start], [loss for _, loss in after_start], color=colour,
+                      alpha=alpha, marker=marker or ".", markersize=4, linestyle=dashes, label=label)
     start = next(iter(curves.values()))[0][1]
     for ax in (by_step, by_bytes):
         ax.axhline(start, color="#999999", linestyle=":", linewidth=1)

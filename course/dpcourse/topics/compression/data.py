@@ -56,6 +56,12 @@ def task_data(steps, per_rank, world_size, seed=1):
     return smooth_regression_data(steps * per_rank * world_size, seed=seed)
 
 
-def held_out(n=256, seed=99):
-    """Rows no run trains on, to measure the loss of a model in the demos' curves."""
-    return smooth_regression_data(n, seed=seed)
+def task_with_held_out(steps, per_rank, world_size, seed=1, held=256):
+    """(X, Y, X_held, Y_held): the training rows of `task_data`'s shape and `held` more rows of the same
+    regression problem that no run trains on, to measure a model's loss in the demos' curves.
+
+    One draw for both: smooth_regression_data draws its inputs before its target weights, so two calls
+    with different row counts would not share the target function."""
+    n = steps * per_rank * world_size
+    X, Y = smooth_regression_data(n + held, seed=seed)
+    return X[:n], Y[:n], X[n:], Y[n:]
