@@ -6,5 +6,6 @@
   runs      what a rank does in a test or a demo: your function on a fixed task, plain results back
   checks    the comparisons test cells make, with messages that say which rank, step or tensor is off
   curves    the same task trained every way (yours), loss against bytes, in one picture
+  pictures  which coordinates top-k sent, step by step, with and without error feedback
   bench     step time of your PowerSGD hook against torch's powerSGD_hook, same model, same run
 """

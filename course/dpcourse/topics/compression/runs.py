@@ -181,18 +181,19 @@ def bucket_orders(model, steps=3, per_rank=4, seed=0):
     device = rank_device()
     net = build_model(model, seed, device)
     names = {p: name for name, p in net.named_parameters()}
-    seen, step = [], [0]
+    seen, now = [], {"step": 0}
 
     def noting_hook(_, bucket):
-        seen.append((step[0], bucket.index(), [names[p] for p in bucket.parameters()]))
+        seen.append((now["step"], bucket.index(), [names[p] for p in bucket.parameters()]))
         flat, world_size = bucket.buffer(), dist.get_world_size()
         return dist.all_reduce(flat, async_op=True).get_future().then(lambda fut: fut.value()[0] / world_size)
 
     ddp = DistributedDataParallel(net, device_ids=[device] if device.type == "cuda" else None)
     ddp.register_comm_hook(None, noting_hook)
     X, Y = task_data(steps, per_rank, dist.get_world_size(), seed)
-    for step[0] in range(steps):
-        xb, yb = my_share(X, Y, step[0], per_rank, device=device)
+    for step in range(steps):
+        now["step"] = step
+        xb, yb = my_share(X, Y, step, per_rank, device=device)
         loss_fn(ddp(xb), yb).backward()
     return seen
 
