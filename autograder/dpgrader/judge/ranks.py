@@ -41,10 +41,17 @@ def _reduce_parameter(parameter):
     return rebuild_parameter, (parameter.detach(), parameter.requires_grad, parameter.grad)
 
 
-class GradientKeepingPickler(cloudpickle.CloudPickler):
-    """cloudpickle, keeping parameters' gradients (see dpcourse.runtime.zygote.rebuild_parameter)."""
+def _reduce_torch_ops(ops):
+    return getattr, (torch, "ops")
 
-    dispatch_table = collections.ChainMap({torch.nn.Parameter: _reduce_parameter},
+
+class GradientKeepingPickler(cloudpickle.CloudPickler):
+    """cloudpickle, keeping parameters' gradients (see dpcourse.runtime.zygote.rebuild_parameter),
+    and sending `torch.ops` by reference (a test function that reads `rec.ops` makes cloudpickle
+    try to ship torch's operator namespace, which cannot be pickled)."""
+
+    dispatch_table = collections.ChainMap({torch.nn.Parameter: _reduce_parameter,
+                                           type(torch.ops): _reduce_torch_ops},
                                           cloudpickle.CloudPickler.dispatch_table)
 
 

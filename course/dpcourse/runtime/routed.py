@@ -81,6 +81,13 @@ class Link:
             ack.set_result(None)
         if entry is None:
             return
+        # Complete the future on a thread of its own: callbacks chained with .then() run where the
+        # future completes, and one may wait for another reply (torch's powerSGD_hook does) that this
+        # reader thread would then never deliver.
+        threading.Thread(target=self._complete, args=(entry, header, tensors), daemon=True).start()
+
+    @staticmethod
+    def _complete(entry, header, tensors):
         future, _, _, on_reply = entry
         if header.get("k") == "error":
             future.set_exception(RuntimeError(header.get("msg", "the router refused the call")))
