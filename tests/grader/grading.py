@@ -9,14 +9,28 @@ assignment go through one `grade.py` run (one nbgrader autograde, several
 import importlib
 import json
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import nbformat
 
 from conftest import REPO
 
 ASSIGNMENTS = sorted(p.name for p in (REPO / "solutions").glob("[0-9]*") if p.is_dir())
+# What grading gave, recorded: per assignment, per graded notebook, per cell (record_grades.py writes it)
+EXPECTED_GRADES = Path(__file__).resolve().parent / "expected_grades.json"
+# Parts of a message that change from run to run, and what they are compared as
+VOLATILE = [
+    (re.compile(r"\d+(\.\d+)? ms\b"), "<t> ms"),
+    (re.compile(r"took \d+(\.\d+)? s\b"), "took <t> s"),
+    (re.compile(r"/tmp/[^\s'\"),]+"), "<tmp>"),
+    (re.compile(r"\bpid \d+"), "pid <n>"),
+    # which rank's failure the launcher saw first (the others are listed after it)
+    (re.compile(r"\brank \d+ of (\d+) (raised|was killed|gave up)"), r"rank <r> of \1 \2"),
+    (re.compile(r"\(so did ranks? [\d, and]+\)"), "(so did <ranks>)"),
+]
 
 
 def notebook_name(assignment):
@@ -93,3 +107,47 @@ def cell(result, grade_id):
     found = [c for c in result["cells"] if c["grade_id"] == grade_id]
     assert found, f"no graded cell {grade_id} in {result['notebook']}: {json.dumps(result)[:500]}"
     return found[0]
+
+
+def first_line(message):
+    """The first line of a grading message, with timings, pids and temporary paths normalised."""
+    line = (message or "").strip().splitlines()[0] if (message or "").strip() else ""
+    for pattern, replacement in VOLATILE:
+        line = pattern.sub(replacement, line)
+    return line
+
+
+def table_of(graded):
+    """{notebook name: {grade_id: {points, max_points, message}}}: what expected_grades.json holds."""
+    return {name: {c["grade_id"]: {"points": c["points"], "max_points": c["max_points"],
+                                   "message": first_line(c["message"])} for c in result["cells"]}
+            for name, result in graded.items()}
+
+
+def differences(graded, expected):
+    """How a grading run differs from the recorded table: a list of sentences (empty if it does not).
+
+    Written answers are left out (graded by hand). The judge grades a planted bug only on the
+    cells it lists (loses and keeps), so a variant is compared on the cells it was graded on; the
+    solution and the released notebook on all of theirs.
+    """
+    got, problems = table_of(graded), []
+    for name in sorted(set(expected) - set(got)):
+        problems.append(f"{name}: recorded in expected_grades.json but not graded (renamed or removed?)")
+    for name in sorted(set(got) - set(expected)):
+        problems.append(f"{name}: graded but not recorded in expected_grades.json (record it: "
+                        f"tests/grader/record_grades.py)")
+    manual = {c["grade_id"] for result in graded.values() for c in result["cells"] if c["manual"]}
+    for name in sorted(set(got) & set(expected)):
+        cells = {k: v for k, v in got[name].items() if k not in manual}
+        want = {k: v for k, v in expected[name].items() if k not in manual}
+        unrecorded = set(cells) - set(want)
+        ungraded = set(want) - set(cells) if name in ("solution", "released") else set()
+        if unrecorded or ungraded:
+            problems.append(f"{name}: graded cells {sorted(cells)}, recorded {sorted(want)}")
+        for grade_id in sorted(set(cells) & set(want)):
+            for field in ("points", "max_points", "message"):
+                if cells[grade_id][field] != want[grade_id][field]:
+                    problems.append(f"{name}, {grade_id}: {field} {cells[grade_id][field]!r}, recorded "
+                                    f"{want[grade_id][field]!r}")
+    return problems

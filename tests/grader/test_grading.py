@@ -1,10 +1,15 @@
 """Every assignment graded for real: the solution gets full marks, the released notebook and each
-planted bug lose points, with messages that say what is wrong."""
+planted bug lose points, with messages that say what is wrong, and every cell of every graded
+notebook scores and reads (first line) as recorded in expected_grades.json."""
+
+import json
 
 import pytest
 
-from grading import ASSIGNMENTS, cell, variants_of
+from grading import ASSIGNMENTS, EXPECTED_GRADES, cell, differences, variants_of
 from judging import judged_assignment
+
+EXPECTED = json.loads(EXPECTED_GRADES.read_text())
 
 
 @pytest.mark.parametrize("assignment", ASSIGNMENTS)
@@ -43,9 +48,14 @@ def test_solution_full_marks_released_zero_and_planted_bugs_lose_points(assignme
             got = cell(result, grade_id)
             if got["points"] != got["max_points"]:
                 problems.append(f"variant {name}: {grade_id} should still pass: {got['message'][:300]}")
+
+    # the same points and the same first lines as recorded (a deliberate change re-records the table)
+    if assignment in EXPECTED:
+        problems += [f"not as recorded: {line}" for line in differences(graded, EXPECTED[assignment])]
     assert not problems, "\n".join(problems)
 
 
 def test_every_assignment_has_planted_bugs():
     missing = [a for a in ASSIGNMENTS if len(variants_of(a)) < 3]
     assert not missing, f"assignments with fewer than 3 planted bugs: {missing}"
+
