@@ -15,6 +15,7 @@ import torch.distributed as dist
 from torch.utils.data import DistributedSampler
 
 from dpcourse import launch
+from dpcourse.checks.core import shorten
 from dpcourse.checks.params import expect_averaged_gradients, expect_same_state
 from dpcourse.checks.training import expect_single_process_equivalence
 from dpcourse.comm.recorder import CommRecorder
@@ -33,9 +34,8 @@ def _launch(fn, world_size, *args):
     return launch(fn, world_size, *args, group_timeout=GROUP_TIMEOUT)
 
 
-def _short(values, limit=8):
-    values = list(values)
-    return str(values[:limit])[:-1] + (f", … ({len(values)} values)]" if len(values) > limit else "]")
+def _short(values):
+    return f"[{shorten(values)}]"
 
 
 # --------------------------------------------------------------------------- 1. broadcast_model

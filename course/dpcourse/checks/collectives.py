@@ -19,7 +19,7 @@ reports which call it was blocked in. The caller turns that into one AssertionEr
 
 import torch
 
-from dpcourse.checks.core import describe
+from dpcourse.checks.core import describe, float_hint, is_close
 from dpcourse.comm.calls import members
 from dpcourse.reference.splits import chunk_bounds
 
@@ -48,11 +48,6 @@ def expect_same_bits(calls, what):
                 f"agreed order, or let one rank send its result to the others")
 
 
-def _close(got, expected, atol, rtol):
-    return got.shape == expected.shape and torch.allclose(got.to(expected.dtype), expected, atol=atol,
-                                                          rtol=rtol, equal_nan=False)
-
-
 def _elements(a, b):
     return f"element {a}" if b - a == 1 else f"elements {a}–{b - 1}"
 
@@ -67,19 +62,20 @@ def expect_reduce_scattered(calls, inputs, what, atol=0.0, rtol=0.0):
                                  f"{tuple(c.after.shape)}")
         bounds = chunk_bounds(flat.numel(), c.group_size)
         a, b = bounds[c.group_rank]
-        if _close(flat[a:b], full[a:b], atol, rtol):
+        if is_close(flat[a:b], full[a:b], atol, rtol):
             continue
         hint = ""
         for j, (a2, b2) in enumerate(bounds):
             same_size = j != c.group_rank and b2 - a2 == b - a and b > a
-            if same_size and _close(flat[a:b], full[a2:b2], atol, rtol):
+            if same_size and is_close(flat[a:b], full[a2:b2], atol, rtol):
                 hint = f" -- that is the sum of chunk {j}: is a chunk index off by one?"
         for j, (a2, b2) in enumerate(bounds):
-            if not hint and j != c.group_rank and b2 > a2 and _close(flat[a2:b2], full[a2:b2], atol, rtol):
+            if not hint and j != c.group_rank and b2 > a2 and is_close(flat[a2:b2], full[a2:b2], atol, rtol):
                 hint = (f" -- its chunk {j} holds the full sum instead: is a chunk index off by one? (rank r "
                         f"must end with chunk r)")
         if not hint and torch.equal(flat[a:b], inputs[c.rank].reshape(-1)[a:b].to(flat.device)):
             hint = " -- unchanged from this rank's input: nothing was added into it"
+        hint = hint or float_hint(flat[a:b], full[a:b])
         raise AssertionError(
             f"rank {c.rank} (rank {c.group_rank} of {c.group_size} in its group): after {what}, its chunk "
             f"{c.group_rank} ({_elements(a, b)} of {flat.numel()}) is {describe(flat[a:b])}, expected the "
@@ -117,10 +113,11 @@ def expect_all_reduced(calls, what, atol=0.0, rtol=0.0):
                                  f"{tuple(c.after.shape)}")
         flat, full = c.after.reshape(-1), c.expected.reshape(-1)
         for j, (a, b) in enumerate(chunk_bounds(flat.numel(), c.group_size)):
-            if not _close(flat[a:b], full[a:b], atol, rtol):
+            if not is_close(flat[a:b], full[a:b], atol, rtol):
                 raise AssertionError(
                     f"rank {c.rank}: after {what}, chunk {j} ({_elements(a, b)} of {flat.numel()}) is "
-                    f"{describe(flat[a:b])}, expected {describe(full[a:b])} (dist.all_reduce's sum)")
+                    f"{describe(flat[a:b])}, expected {describe(full[a:b])} (dist.all_reduce's sum)"
+                    f"{float_hint(flat[a:b], full[a:b])}")
 
 
 def expect_from(calls, inputs, source_of, what, attr="result"):
