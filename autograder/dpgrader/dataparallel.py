@@ -9,14 +9,10 @@ import torch
 
 from dpcourse.checks.core import describe
 from dpcourse.checks.modules import expect_like_module, expect_same_structure
+from dpcourse.reference.splits import chunk_bounds, chunk_sizes
 from dpcourse.topics.data_parallel.probes import Fails, Keywords, ParallelProbe, TwoHeads, indexed_batch
 from dpcourse.topics.data_parallel.replicas import cpu_devices, gpu_devices
 from dpcourse.toys.models import mlp
-
-
-def piece_sizes(n, k):
-    """Sizes of k pieces of n rows, the first n % k one larger (computed without tensor_split)."""
-    return [n // k + (1 if i < n % k else 0) for i in range(k)]
 
 
 def expected_pieces(obj, sizes, devices):
@@ -39,7 +35,7 @@ def expected_pieces(obj, sizes, devices):
 
 def check_pieces(scatter, obj, devices, rows, what):
     used = max(1, min(len(devices), rows)) if rows is not None else len(devices)
-    sizes = piece_sizes(rows, used) if rows is not None else [0] * used
+    sizes = chunk_sizes(rows, used) if rows is not None else [0] * used
     expected = expected_pieces(obj, sizes, devices)
     got = scatter(obj, devices)
     if not isinstance(got, list):
@@ -103,9 +99,7 @@ def check_mini_data_parallel(MiniDataParallel):
         expect_like_module(MiniDataParallel(probe, cpu(n)), model, (x,),
                            what=f"MiniDataParallel on {n} CPU devices, batch of {rows}")
         used = sorted(tuple(c["rows"]) for c in probe.calls)
-        want = [tuple(range(s, s + k)) for s, k in zip(
-            [sum(piece_sizes(rows, min(n, rows))[:i]) for i in range(min(n, rows))],
-            piece_sizes(rows, min(n, rows)), strict=True)]
+        want = [tuple(range(a, b)) for a, b in chunk_bounds(rows, min(n, rows))]
         if used != sorted(want):
             raise AssertionError(f"MiniDataParallel on {n} CPU devices, batch of {rows}: the replicas ran on "
                                  f"rows {[list(u) for u in used]}, expected {[list(w) for w in want]}")

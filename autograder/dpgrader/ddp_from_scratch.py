@@ -6,7 +6,6 @@ DistributedSampler, and bucket counts computed from the rule the notebook states
 Communication is observed with dpcourse.comm.recorder.CommRecorder, inside the ranks.
 """
 
-import math
 import time
 from collections import Counter
 
@@ -20,6 +19,7 @@ from dpcourse.checks.params import expect_averaged_gradients, expect_same_state
 from dpcourse.checks.training import expect_single_process_equivalence
 from dpcourse.comm.recorder import CommRecorder
 from dpcourse.reference.gradients import gradients_of, single_process_gradients, state_of
+from dpcourse.reference.splits import ceil_div
 from dpcourse.reference.training import sgd
 from dpcourse.runtime.backend import rank_device
 from dpcourse.runtime.timeouts import TIMEOUTS
@@ -103,7 +103,7 @@ def _learner_indices(ShardSampler, n, world_size, shuffle, seed, drop_last, epoc
 def explain_sampler_shards(shards, n, drop_last, what):
     """The policy's properties, each with its own message (used before the exact comparison)."""
     world_size = len(shards)
-    length = n // world_size if drop_last else math.ceil(n / world_size)
+    length = n // world_size if drop_last else ceil_div(n, world_size)
     for rank, shard in enumerate(shards):
         if len(shard) != length:
             raise AssertionError(
@@ -129,7 +129,7 @@ def explain_sampler_shards(shards, n, drop_last, what):
             raise AssertionError(f"{what}: samples {_short(never)} are never used in this epoch: every "
                                  f"sample must be seen at least once across ranks")
         extra = sum(counts.values()) - n  # padding: every sample is used, so these are repeats
-        if max(counts.values()) > 1 + math.ceil(extra / max(n, 1)):
+        if max(counts.values()) > 1 + ceil_div(extra, max(n, 1)):
             raise AssertionError(f"{what}: some samples are used too often, e.g. sample "
                                  f"{counts.most_common(1)[0][0]} {counts.most_common(1)[0][1]} times")
 

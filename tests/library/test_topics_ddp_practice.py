@@ -32,6 +32,7 @@ from dpcourse.runtime.cluster import (
     export_function,
     free_port,
     parse_args,
+    pick_backend,
     shell_line,
     slurm_script,
     torchrun_command,
@@ -235,6 +236,18 @@ def test_torchrun_commands():
 def test_parse_args_defaults():
     args = parse_args(["my:fn", "--checkpoint-dir", "c"])
     assert (args.target, args.samples, args.global_batch, args.dtype) == ("my:fn", 512, 32, "float32")
+
+
+def test_the_torchrun_driver_picks_its_backend_by_the_course_rule(monkeypatch):
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("DPCOURSE_BACKEND", "gloo")
+    assert pick_backend() == "gloo" and pick_backend("gloo") == "gloo"
+    monkeypatch.delenv("DPCOURSE_BACKEND")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    assert pick_backend() == ("nccl" if gpus >= 2 and torch.distributed.is_nccl_available() else "gloo")
+    if gpus < 2:
+        with pytest.raises(ValueError, match="one GPU per rank"):
+            pick_backend("nccl")
 
 
 def exported_example(a, b=2):

@@ -24,6 +24,7 @@ import torch
 from dpcourse.checks.core import shorten
 from dpcourse.checks.params import expect_averaged_gradients, expect_identical_across_ranks, expect_same_state
 from dpcourse.reference.gradients import single_process_gradients, state_of
+from dpcourse.reference.splits import ceil_div
 from dpcourse.reference.training import sampler_orders, sgd, train_single_process
 from dpcourse.toys.data import global_batch, my_share
 
@@ -75,7 +76,7 @@ def expect_sampler_behaviour(results, n, world_size, seed, epochs):
             raise AssertionError(f"rank {rank}: 'seen' should map each epoch trained {epochs} to "
                                  f"the list of sample indices trained on, got {keys!r}")
         seen.append({e: [int(i) for i in record[e]] for e in epochs})
-    per_rank = -(-n // world_size)
+    per_rank = ceil_div(n, world_size)
     for epoch in epochs:
         expected = sampler_orders(n, world_size, seed, epoch)
         if world_size > 1 and all(seen[r][epoch] == seen[0][epoch] for r in range(world_size)):

@@ -10,6 +10,7 @@ import copy
 
 import torch
 
+from dpcourse.reference.training import train_steps
 from dpcourse.toys.models import loss_fn
 
 
@@ -54,12 +55,7 @@ def full_batch_gradient(model, loss_fn, x, y):
 def sgd_steps(model, loss_fn, x, y, lr, steps=1):
     """The parameters after `steps` plain SGD steps (p -= lr * grad) on the whole batch, in float64."""
     ref = as_float64(model)
-    for _ in range(steps):
-        loss = loss_fn(ref(x.cpu().double()), _target(y))
-        grads = torch.autograd.grad(loss, list(ref.parameters()))
-        with torch.no_grad():
-            for p, g in zip(ref.parameters(), grads, strict=True):
-                p -= lr * g
+    train_steps(ref, [(x.cpu().double(), _target(y))] * steps, loss_fn, lr)
     return [p.detach() for p in ref.parameters()]
 
 

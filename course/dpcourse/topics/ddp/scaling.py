@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from dpcourse.reference.splits import ceil_div
 from dpcourse.runtime.backend import rank_device
 from dpcourse.runtime.launcher import launch
 from dpcourse.topics.collectives.costmodel import predicted_time
@@ -91,7 +92,7 @@ def predicted_efficiency(world_sizes, compute_seconds, gradient_bytes, inter_ban
     Gradients go in DDP's 25 MB buckets, each ring step costs `latency`, and
     backward hides the fraction `overlap` of the communication.
     """
-    buckets = max(1, -(-int(gradient_bytes) // int(bucket_bytes)))
+    buckets = max(1, ceil_div(int(gradient_bytes), int(bucket_bytes)))
     result = {}
     for n in world_sizes:
         bandwidth = intra_bandwidth if n <= gpus_per_server else inter_bandwidth
