@@ -12,6 +12,7 @@ import math
 
 from dpcourse.comm.calls import members, world_peer
 from dpcourse.reference.splits import ceil_div
+from dpcourse.viz.tables import print_table
 
 
 def ring_budget(numel, element_size, world_size, phases):
@@ -80,11 +81,8 @@ def traffic_table(calls):
 
 def print_traffic(calls, title=None):
     """Print who sent how many messages and bytes, straight from the recorder."""
-    if title:
-        print(title)
-    print(f"{'rank':>4} {'sends':>6} {'recvs':>6} {'bytes sent':>11} {'bytes received':>15}")
-    for rank, sends, recvs, sent, received in traffic_table(calls):
-        print(f"{rank:>4} {sends:>6} {recvs:>6} {sent:>11} {received:>15}")
+    print_table(traffic_table(calls), [("rank", 4), ("sends", 6), ("recvs", 6), ("bytes sent", 11),
+                                       ("bytes received", 15)], title)
 
 
 def expect_tree_messages(calls, world, src, what):

@@ -15,6 +15,7 @@ import torch.distributed as dist
 from dpcourse.runtime.backend import rank_device
 from dpcourse.runtime.launcher import launch
 from dpcourse.viz import colours as maskpics
+from dpcourse.viz.widgets import explorer
 
 # name -> (the call as a learner writes it, what it does, what each rank sends in the classic algorithm)
 COLLECTIVES = {
@@ -133,4 +134,5 @@ def collective_explorer(world_size=4, default="all_reduce"):
         draw(results, collective)
         plt.show()
 
-    return widgets.interact(show, collective=widgets.Dropdown(options=list(COLLECTIVES), value=default))
+    menu = widgets.Dropdown(options=list(COLLECTIVES), value=default, description="collective")
+    return explorer({"collective": menu}, show)
