@@ -133,7 +133,7 @@ def check_mini_data_parallel(MiniDataParallel):
                        what="MiniDataParallel of a module returning (scores, (embedding, 'label'))")
     # keyword inputs: a tensor split with the batch, a number passed to every replica
     model = Keywords(seed=2)
-    x, offset = indexed_batch(7, seed=2), torch.randn(7, 2)
+    x, offset = indexed_batch(7, seed=2), torch.randn(7, 2, generator=torch.Generator().manual_seed(2))
     expect_like_module(MiniDataParallel(model, cpu(3)), model, (x,), dict(scale=0.5, offset=offset),
                        what="MiniDataParallel with keyword inputs scale=0.5, offset=<7x2 tensor>")
     check_mini_data_parallel_on_gpus(MiniDataParallel)

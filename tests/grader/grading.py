@@ -31,6 +31,17 @@ VOLATILE = [
     (re.compile(r"\brank \d+ of (\d+) (raised|was killed|gave up)"), r"rank <r> of \1 \2"),
     (re.compile(r"\(so did ranks? [\d, and]+\)"), "(so did <ranks>)"),
 ]
+# Cells of planted bugs that are races themselves (threads finishing in any order, a gradient read while
+# its all-reduce may or may not be done): what they show changes from run to run, so the table is not
+# compared on them ("message": the first line only; "result": points too). The bug's `loses` pins what
+# is certain.
+FINISHING_ORDER = ("02_dataparallel", "drops_non_tensors_and_gathers_in_finishing_order")
+NEVER_WAITS = ("05_ddp_from_scratch", "no_buffers__same_data__bias_skipped__never_waits")
+UNSTABLE = {
+    (*FINISHING_ORDER, "test_minidp_basic"): "result",
+    (*FINISHING_ORDER, "test_minidp_edge_cases"): "message",
+    (*NEVER_WAITS, "test_bucketed_ddp_basic"): "result",
+}
 
 
 def notebook_name(assignment):
@@ -124,12 +135,12 @@ def table_of(graded):
             for name, result in graded.items()}
 
 
-def differences(graded, expected):
+def differences(graded, expected, assignment=None):
     """How a grading run differs from the recorded table: a list of sentences (empty if it does not).
 
     Written answers are left out (graded by hand). The judge grades a planted bug only on the
     cells it lists (loses and keeps), so a variant is compared on the cells it was graded on; the
-    solution and the released notebook on all of theirs.
+    solution and the released notebook on all of theirs. UNSTABLE cells are compared on less.
     """
     got, problems = table_of(graded), []
     for name in sorted(set(expected) - set(got)):
@@ -146,7 +157,10 @@ def differences(graded, expected):
         if unrecorded or ungraded:
             problems.append(f"{name}: graded cells {sorted(cells)}, recorded {sorted(want)}")
         for grade_id in sorted(set(cells) & set(want)):
-            for field in ("points", "max_points", "message"):
+            unstable = UNSTABLE.get((assignment, name, grade_id))
+            fields = {None: ("points", "max_points", "message"), "message": ("points", "max_points"),
+                      "result": ("max_points",)}[unstable]
+            for field in fields:
                 if cells[grade_id][field] != want[grade_id][field]:
                     problems.append(f"{name}, {grade_id}: {field} {cells[grade_id][field]!r}, recorded "
                                     f"{want[grade_id][field]!r}")
