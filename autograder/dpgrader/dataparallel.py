@@ -14,6 +14,12 @@ from dpcourse.topics.data_parallel.probes import Fails, Keywords, ParallelProbe,
 from dpcourse.topics.data_parallel.replicas import cpu_devices, gpu_devices
 from dpcourse.toys.models import mlp
 
+# What each exercise's expected values come from (autograder/exercises.json lists them).
+REFERENCES = {
+    "scatter": "row ranges of torch.tensor_split's rule (dpcourse.reference.splits), written out",
+    "mini_data_parallel": "the wrapped module called once on the whole batch: its output and its gradients",
+}
+
 
 def expected_pieces(obj, sizes, devices):
     """Piece i of a nested object, by explicit row ranges."""

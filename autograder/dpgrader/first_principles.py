@@ -25,6 +25,17 @@ from dpcourse.runtime.timeouts import TIMEOUTS
 from dpcourse.toys.data import gradient_problems, line_data
 from dpcourse.toys.models import RecordingLoss, linear
 
+# What each exercise's expected values come from (autograder/exercises.json lists them).
+REFERENCES = {
+    "shard_indices": "torch.tensor_split and reshape of arange(n), one per remainder policy",
+    "data_parallel_gradient": "the float64 gradient of the whole batch in one process "
+                              "(dpcourse.reference.gradients.full_batch_gradient)",
+    "simulated_dp_step": "plain SGD on the whole batch in float64 (dpcourse.reference.gradients.sgd_steps)",
+    "allreduce_sgd_step": "plain SGD on the whole batch in float64 (dpcourse.reference.gradients.sgd_steps)",
+    "sync_batch_norm": "batch normalisation of every rank's rows together, in float64 "
+                       "(dpcourse.reference.gradients.batch_norm)",
+}
+
 
 def expected_shards(n, world, remainder):
     """Rank by rank, the indices each policy gives, computed by tensor_split and reshape."""

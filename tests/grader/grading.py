@@ -38,8 +38,8 @@ VOLATILE = [
 FINISHING_ORDER = ("02_dataparallel", "drops_non_tensors_and_gathers_in_finishing_order")
 NEVER_WAITS = ("05_ddp_from_scratch", "no_buffers__same_data__bias_skipped__never_waits")
 UNSTABLE = {
-    (*FINISHING_ORDER, "test_minidp_basic"): "result",
-    (*FINISHING_ORDER, "test_minidp_edge_cases"): "message",
+    (*FINISHING_ORDER, "test_mini_data_parallel_basic"): "result",
+    (*FINISHING_ORDER, "test_mini_data_parallel_edge_cases"): "message",
     (*NEVER_WAITS, "test_bucketed_ddp_basic"): "result",
 }
 

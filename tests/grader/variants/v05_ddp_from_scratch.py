@@ -17,7 +17,7 @@ def broadcast_model(model):
     """Overwrite, in place, every parameter and buffer of `model` with rank 0's values."""
     pass  # every rank keeps the model it built
 ''',
-            'ShardSampler': '''
+            'shard_sampler': '''
 class ShardSampler:
     """Rank `rank`'s share of range(n), like torch.utils.data.DistributedSampler (see the policy above)."""
 
@@ -56,7 +56,7 @@ def average_gradients(model):
         if p.grad is not None:
             dist.all_reduce(p.grad)
 ''',
-            'BucketedDDP': '''
+            'bucketed_ddp': '''
 class BucketedDDP(nn.Module):
     """DDP with gradient buckets of >= bucket_cap bytes, all-reduced asynchronously from gradient hooks."""
 
@@ -114,7 +114,7 @@ class BucketedDDP(nn.Module):
                                f"were never reduced: use them in forward, or freeze them "
                                f"(requires_grad_(False)) before wrapping the model")
 ''',
-            'AccumulatingDDP': '''
+            'accumulating_ddp': '''
 class AccumulatingDDP(HookDDP):
     """HookDDP whose hooks skip communication inside `with model.no_sync():`."""
 
@@ -133,7 +133,7 @@ class AccumulatingDDP(HookDDP):
         finally:
             self.require_sync = previous
 ''',
-            'DistributedOptimizer': '''
+            'distributed_optimizer': '''
 class DistributedOptimizer:
     """Wrap an optimizer: step() averages the gradients over ranks in fused buffers, then steps."""
 
@@ -178,8 +178,8 @@ class DistributedOptimizer:
             'test_average_gradients_basic': 'is 2 times the average over ranks: all_reduce sums',
             'test_average_gradients_frozen_layer': 'is 3 times the average over ranks',
             'test_bucketed_ddp_overlap': 'after backward ended: nothing overlaps with backward',
-            'test_no_sync_basic': 'no communication inside no_sync()',
-            'test_no_sync_restores': 'all-reduces during a backward inside no_sync()',
+            'test_accumulating_ddp_basic': 'no communication inside no_sync()',
+            'test_accumulating_ddp_restores': 'all-reduces during a backward inside no_sync()',
             'test_distributed_optimizer_basic': 'is 2 times the average over ranks',
             'test_distributed_optimizer_groups': 'is 3 times the average over ranks',
         },
@@ -197,7 +197,7 @@ def broadcast_model(model):
         for tensor in model.parameters():
             dist.broadcast(tensor, src=0)
 ''',
-            'ShardSampler': '''
+            'shard_sampler': '''
 class ShardSampler:
     """Rank `rank`'s share of range(n), like torch.utils.data.DistributedSampler (see the policy above)."""
 
@@ -237,7 +237,7 @@ def average_gradients(model):
             dist.all_reduce(p.grad)
             p.grad /= world_size
 ''',
-            'BucketedDDP': '''
+            'bucketed_ddp': '''
 class BucketedDDP(nn.Module):
     """DDP with gradient buckets of >= bucket_cap bytes, all-reduced asynchronously from gradient hooks."""
 
@@ -292,7 +292,7 @@ class BucketedDDP(nn.Module):
                                f"were never reduced: use them in forward, or freeze them "
                                f"(requires_grad_(False)) before wrapping the model")
 ''',
-            'AccumulatingDDP': '''
+            'accumulating_ddp': '''
 class AccumulatingDDP(HookDDP):
     """HookDDP whose hooks skip communication inside `with model.no_sync():`."""
 
@@ -309,7 +309,7 @@ class AccumulatingDDP(HookDDP):
         self.require_sync = False
         yield
 ''',
-            'DistributedOptimizer': '''
+            'distributed_optimizer': '''
 class DistributedOptimizer:
     """Wrap an optimizer: step() averages the gradients over ranks in fused buffers, then steps."""
 
@@ -355,8 +355,8 @@ class DistributedOptimizer:
                 "fc0.bias is still this rank's local gradient: it was not all-reduced",
             'test_average_gradients_frozen_layer': 'it was not all-reduced',
             'test_bucketed_ddp_overlap': 'the all-reduce had not finished (or was not waited for)',
-            'test_no_sync_basic': 'no communication inside no_sync()',
-            'test_no_sync_restores': 'after an exception inside',
+            'test_accumulating_ddp_basic': 'no communication inside no_sync()',
+            'test_accumulating_ddp_restores': 'after an exception inside',
             'test_distributed_optimizer_basic': 'issued [10, 10, 10] all-reduces',
             'test_distributed_optimizer_groups': 'issued 10 all-reduces in step 0, expected 5',
         },
@@ -376,7 +376,7 @@ def broadcast_model(model):
             dist.all_reduce(tensor)
             tensor /= dist.get_world_size()
 ''',
-            'ShardSampler': '''
+            'shard_sampler': '''
 class ShardSampler:
     """Rank `rank`'s share of range(n), like torch.utils.data.DistributedSampler (see the policy above)."""
 
@@ -412,7 +412,7 @@ def average_gradients(model):
         dist.all_reduce(p.grad)
         p.grad /= world_size
 ''',
-            'BucketedDDP': '''
+            'bucketed_ddp': '''
 class BucketedDDP(nn.Module):
     """DDP with gradient buckets of >= bucket_cap bytes, all-reduced asynchronously from gradient hooks."""
 
@@ -470,7 +470,7 @@ class BucketedDDP(nn.Module):
                                f"were never reduced: use them in forward, or freeze them "
                                f"(requires_grad_(False)) before wrapping the model")
 ''',
-            'AccumulatingDDP': '''
+            'accumulating_ddp': '''
 class AccumulatingDDP(HookDDP):
     """HookDDP whose hooks skip communication inside `with model.no_sync():`."""
 
@@ -488,7 +488,7 @@ class AccumulatingDDP(HookDDP):
         yield
         self.require_sync = previous
 ''',
-            'DistributedOptimizer': '''
+            'distributed_optimizer': '''
 class DistributedOptimizer:
     """Wrap an optimizer: step() averages the gradients over ranks in fused buffers, then steps."""
 
@@ -533,11 +533,11 @@ class DistributedOptimizer:
             'test_shard_sampler_epochs_and_policy': 'len() says 3 but iterating gives 2 indices',
             'test_average_gradients_frozen_layer': 'NoneType',
             'test_bucketed_ddp_overlap': 'the hooks wait for each all-reduce, so backward stalls',
-            'test_no_sync_restores': 'after an exception inside',
+            'test_accumulating_ddp_restores': 'after an exception inside',
             'test_distributed_optimizer_basic': "rank 1's parameters differ from rank 0's",
             'test_distributed_optimizer_groups': "parameters differ from rank 0's",
         },
-        "keeps": ["test_average_gradients_basic", "test_bucketed_ddp_basic", "test_no_sync_basic"],
+        "keeps": ["test_average_gradients_basic", "test_bucketed_ddp_basic", "test_accumulating_ddp_basic"],
     },
     # Planted bugs: the first parameter skipped by the broadcast; a shuffle seeded per rank (samples
     # missed and doubled); parameters all-reduced instead of gradients; bucket_cap ignored (one all-reduce
@@ -552,7 +552,7 @@ def broadcast_model(model):
         for tensor in [*model.parameters(), *model.buffers()][1:]:
             dist.broadcast(tensor, src=0)
 ''',
-            'ShardSampler': '''
+            'shard_sampler': '''
 class ShardSampler:
     """Rank `rank`'s share of range(n), like torch.utils.data.DistributedSampler (see the policy above)."""
 
@@ -593,7 +593,7 @@ def average_gradients(model):
                 dist.all_reduce(p)
                 p /= world_size
 ''',
-            'BucketedDDP': '''
+            'bucketed_ddp': '''
 class BucketedDDP(nn.Module):
     """DDP with gradient buckets of >= bucket_cap bytes, all-reduced asynchronously from gradient hooks."""
 
@@ -649,7 +649,7 @@ class BucketedDDP(nn.Module):
                                f"were never reduced: use them in forward, or freeze them "
                                f"(requires_grad_(False)) before wrapping the model")
 ''',
-            'AccumulatingDDP': '''
+            'accumulating_ddp': '''
 class AccumulatingDDP(HookDDP):
     """HookDDP whose hooks skip communication inside `with model.no_sync():`."""
 
@@ -669,7 +669,7 @@ class AccumulatingDDP(HookDDP):
         finally:
             self.require_sync = True
 ''',
-            'DistributedOptimizer': '''
+            'distributed_optimizer': '''
 class DistributedOptimizer:
     """Wrap an optimizer: step() averages the gradients over ranks in fused buffers, then steps."""
 
@@ -716,9 +716,9 @@ class DistributedOptimizer:
             'test_average_gradients_frozen_layer': 'it was not all-reduced',
             'test_bucketed_ddp_basic': 'issued [10, 10, 10] all-reduces',
             'test_bucketed_ddp_overlap': 'issued 10 all-reduces in step 0, expected 4',
-            'test_no_sync_restores': 'restore the previous value, not True',
+            'test_accumulating_ddp_restores': 'restore the previous value, not True',
             'test_distributed_optimizer_groups': "fc0.bias is still this rank's local gradient",
         },
-        "keeps": ["test_no_sync_basic", "test_distributed_optimizer_basic"],
+        "keeps": ["test_accumulating_ddp_basic", "test_distributed_optimizer_basic"],
     },
 }
