@@ -1,20 +1,15 @@
-"""Run a communication exercise on ranks under the recorder, and judge values, messages and bytes.
+"""Judge a communication exercise on what each rank ended with: values, chunks, and whose data it is.
 
-    calls = run_p2p(ring_shift, [torch.full((3,), float(r)) for r in range(4)], exercise="ring_shift")
-    calls[2].result, calls[2].after, calls[2].ops      # what rank 2 returned, its input after, its calls
-    expect_ring_traffic(calls, numel=3, element_size=4, phases=2, what="ring_all_reduce")
+Used by the test cells and hidden checks of notebooks 03 (ring_shift, naive_all_reduce,
+p2p_broadcast, p2p_all_gather) and 04 (the ring reduce-scatter, all-gather and all-reduce), on
+the `Call` records that dpcourse.comm.calls.run_p2p returns.
 
-Why a module: the exercises of notebooks 03-04 are graded on three things -- the values
-each rank ends with, that only point-to-point calls were used (a collective would do the
-work for you), and how many messages and bytes each rank sent (a ring is *defined* by
-them). Each rank runs the learner's function inside `CommRecorder(p2p_only=True)`, so the
-same recorder that forbids `dist.all_reduce` and the process-group bypass also counts
-every `send` and `recv` with its peer and size.
-
-A deadlock must end in seconds with a sentence naming the ranks and the call each was
-stuck in, not with gloo's internals: every rank catches its own timeout ("Timed out
-waiting 3000ms for recv") or the "connection closed" it gets once a peer gives up, and
-reports which call it was blocked in. The caller turns that into one AssertionError.
+Why a module: a collective's result has a structure a plain comparison hides. A reduce-scatter is
+right when chunk r (torch.tensor_split's, dpcourse.reference.splits) on rank r is the sum, an
+all-gather when chunk j came from group rank j, a ring shift when rank r holds rank r-1's input.
+So each check names the rank, the chunk and, when it can tell, what the rank got instead: "rank
+1's tensor", "the sum of chunk 2: is a chunk index off by one?", "still NaN: the chunk never
+arrived". Values are compared with the core's close-check and ratio hint (dpcourse.checks.core).
 """
 
 import torch

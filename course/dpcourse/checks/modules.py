@@ -1,5 +1,7 @@
 """Checks for a DataParallel-like wrapper: same outputs and same gradients as the plain module.
 
+Used by notebook 02 (the MiniDataParallel and scatter test cells) and its hidden checks.
+
 The reference is the module itself, called once on the whole batch: a
 data-parallel wrapper must be invisible, up to rounding. When it is not, the
 message says how: pieces of the wrong size or on the wrong device, output rows

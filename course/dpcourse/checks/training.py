@@ -1,20 +1,12 @@
-"""The yardstick for a DDP training run: one process training on the same global batches.
+"""Checks of a data-parallel training run against one process trained on the same global batches.
 
-Data-parallel training with N ranks, a DistributedSampler and a per-rank batch
-of B / N is, step for step, the same computation as one process training on
-batches of B -- if every rank does its part right. So a DDP run is checked by
-replaying it in one process:
+Used by the test cells and hidden checks of notebooks 05 (expect_single_process_equivalence: first
+gradients averaged, ranks identical, parameters equal to one process after several steps) and 06
+(train_ddp: DistributedSampler's order, epoch losses, who writes the checkpoint).
 
-  * `sampler_orders` asks torch's own DistributedSampler (one per virtual rank,
-    no process group needed) which samples each rank takes in an epoch;
-  * `global_order` interleaves them back: global batch k of the DDP run is the
-    slice [k*B, (k+1)*B) of that order, padding included;
-  * `single_process_training` trains on those batches with the same seed,
-    optimizer and loss, and reports the epoch losses the ranks must agree on.
-
-The `expect_*` functions compare a run with it and say what went wrong in the
-words a learner can act on ("call sampler.set_epoch(epoch)", "rank 1 wrote the
-checkpoint"), not just "not equal".
+The references come from dpcourse.reference.training (one training loop); these functions compare
+a run with them and say what went wrong in the words a learner can act on ("call
+sampler.set_epoch(epoch)", "rank 1 wrote the checkpoint"), not just "not equal".
 """
 
 import os

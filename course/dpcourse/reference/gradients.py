@@ -1,5 +1,8 @@
 """Single-process float64 references: what data-parallel code must reproduce.
 
+Used by notebooks 01 (float64 gradients, sgd_steps, batch_norm) and 05 (single_process_gradients,
+state_of), and by their hidden checks.
+
 A test of data-parallel code needs an answer it did not compute itself. The
 answer here is the plain, one-worker computation on the whole batch, in float64
 so that its own rounding is far below the float32 tolerance of the check. None

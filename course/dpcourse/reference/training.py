@@ -1,5 +1,8 @@
 """The yardstick for a DDP training run: one process training on the same global batches.
 
+Used by notebooks 05 (train_single_process, through checks.training) and 06
+(single_process_training), and by their hidden checks.
+
 Data-parallel training with N ranks, a DistributedSampler and a per-rank batch
 of B / N is, step for step, the same computation as one process training on
 batches of B -- if every rank does its part right. So a DDP run is checked by

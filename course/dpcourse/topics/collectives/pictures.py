@@ -1,5 +1,7 @@
 """Every torch.distributed collective, run for real on N ranks, drawn as buffers before and after.
 
+Used by notebook 03 (collective_explorer).
+
     from dpcourse.topics.collectives.pictures import collective_explorer
     collective_explorer(4)          # a drop-down: pick a collective, see each rank's buffer
 

@@ -1,5 +1,7 @@
 """Replay a learner's own ring, step by step, from what the recorder saw.
 
+Used by notebook 04 (record_ring, ring_explorer).
+
     traces = record_ring(ring_all_reduce, 4, 6)   # run it on 4 ranks, 6 elements
     ring_explorer(traces)                         # a slider over the steps
 

@@ -1,5 +1,7 @@
 """See a batch split over N workers, each worker's gradient, and what averaging them gives.
 
+Used by notebook 01 (shard_explorer).
+
 The model is a line, y = w x + b, so a gradient is an arrow in the (w, b) plane:
 each worker's arrow comes from its own shard, and the arrow data-parallel
 training uses is their average. Drawn next to the gradient of the whole batch,

@@ -1,5 +1,7 @@
 """One nn.DataParallel-style iteration, timed phase by phase and stepped through with a slider.
 
+Used by notebook 02 (record_iteration, phase_explorer).
+
 `record_iteration(dp, loss_fn, x, y, optimizer)` runs one training step through
 a DataParallel-like wrapper (the learner's MiniDataParallel, or nn.DataParallel)
 and times what it can see from outside:

@@ -1,5 +1,7 @@
 """A scaling study: DDP throughput against world size, measured here and modelled for GPUs.
 
+Used by notebook 06 (the scaling study and its model).
+
 Weak scaling, the way data-parallel jobs grow: each rank keeps its batch (32
 images per GPU in the seeds' ResNet), so N ranks process N times the samples
 per step if communication were free. Then

@@ -1,5 +1,7 @@
 """A timeline of one training step as a rank lived it: backward compute per layer, all-reduce per bucket.
 
+Used by notebook 05 (record_timelines, timeline_explorer).
+
 Why: "communication overlaps with backward" is a claim about time, and the way to
 believe it is to see your own step drawn to scale. `record_step` runs one step of
 a DDP wrapper under a `StepTimeline` -- a `CommRecorder` (every c10d call, with its
