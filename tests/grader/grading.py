@@ -57,10 +57,10 @@ def released_path(assignment):
 
 
 def variants_of(assignment):
-    """The planted bugs of an assignment: {name: {"cells": {grade_id: source}, "loses", "keeps"}}.
+    """The graded variants of an assignment: {name: {"cells": {grade_id: source}, "loses", "keeps"}}.
 
-    A variants module holds either BUGS, a list of planted.Bug (edits of the solution), or the
-    older VARIANTS dict of whole cells.
+    A variants module holds either BUGS, a list of planted.Bug (edits of the solution) and
+    planted.Variant (several bugs graded in one notebook), or the older VARIANTS dict of whole cells.
     """
     try:
         module = importlib.import_module(f"variants.v{assignment}")
@@ -68,10 +68,12 @@ def variants_of(assignment):
         return {}
     if hasattr(module, "BUGS"):
         names = [bug.name for bug in module.BUGS]
+        names += [inner.name for bug in module.BUGS for inner in getattr(bug, "bugs", [])]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         assert not duplicates, f"planted bugs of {assignment} share names: {duplicates}"
         return {bug.name: {"cells": bug.cell_sources(assignment), "loses": bug.loses, "keeps": bug.keeps,
-                           "exercise": bug.exercise} for bug in module.BUGS}
+                           "exercise": bug.exercise, "exercises": getattr(bug, "exercises", [bug.exercise])}
+                for bug in module.BUGS}
     return module.VARIANTS
 
 

@@ -17,6 +17,12 @@ def test_every_exercise_has_hidden_checks_and_a_reference():
     assert not missing, "\n".join(missing) + "\n(see docs/authoring.md; then `make index`)"
 
 
+def test_every_exercise_has_planted_bugs():
+    few = [f"{e['assignment']}/{e['solution']}: {len(e['planted_bugs'])} planted bug(s)" for e in CODE
+           if len(e["planted_bugs"]) < 4]
+    assert not few, "\n".join(few) + "\n(docs/authoring.md asks for at least four per exercise)"
+
+
 def test_tests_and_hidden_checks_are_named_by_the_exercise_key():
     wrong = []
     for e in CODE:
