@@ -43,6 +43,11 @@ def _launch(fn, world_size, *args):
     return launch(fn, world_size, *args, group_timeout=GROUP_TIMEOUT)
 
 
+def _runs(fn, world_size, *args):
+    """Launch a ranks.*_cases runner; each rank's RankRun, rebuilt from the plain values it returned."""
+    return [ranks.RankRun.from_plain(plain) for plain in _launch(fn, world_size, *args)]
+
+
 def _short(values):
     return f"[{shorten(values)}]"
 
@@ -174,7 +179,7 @@ def expect_like_one_process(runs, index, make_model, seed, steps, per_rank, what
 def check_average_gradients(average_gradients):
     cases = [("deep_mlp", 3), ("frozen_first_layer", 4), ("tied_layers", 5), ("unused_head", 6)]
     for world_size in (3, 1):
-        runs = _launch(ranks.average_gradients_cases, world_size, average_gradients, cases, 3, 2)
+        runs = _runs(ranks.average_gradients_cases, world_size, average_gradients, cases, 3, 2)
         expect_finished(runs, "rank {rank}: average_gradients raised on {failed}: {error}")
         for i, (name, seed) in enumerate(cases):
             expect_like_one_process(runs, i, _make(name, seed), seed, 3, 2,
@@ -255,7 +260,7 @@ def check_bucketed_ddp(BucketedDDP):
     cases = [("deep_mlp", 11, 1), ("deep_mlp", 12, 600), ("deep_mlp", 13, 10 ** 9),
              ("tied_layers", 14, 700), ("frozen_first_layer", 15, 300)]
     for world_size in (3, 1):
-        runs = _launch(ranks.bucketed_cases, world_size, BucketedDDP, cases, 3, 2)
+        runs = _runs(ranks.bucketed_cases, world_size, BucketedDDP, cases, 3, 2)
         expect_finished(runs, "rank {rank}: {failed} raised {error}")
         for i, (name, seed, cap) in enumerate(cases):
             what = f"BucketedDDP({name}, bucket_cap={cap}) on {world_size} ranks"
@@ -292,7 +297,7 @@ def check_accumulating_ddp(AccumulatingDDP):
     cases = [("deep_mlp", 21), ("tied_layers", 22)]
     steps, micro, K = 2, 2, 3
     for world_size in (3, 1):
-        runs = _launch(ranks.accumulating_cases, world_size, AccumulatingDDP, cases, steps, micro, K)
+        runs = _runs(ranks.accumulating_cases, world_size, AccumulatingDDP, cases, steps, micro, K)
         expect_finished(runs, "rank {rank}: AccumulatingDDP on {failed} raised {error}")
         for i, (name, seed) in enumerate(cases):
             what = f"AccumulatingDDP({name}) on {world_size} ranks, {K} micro-batches per step"
@@ -343,7 +348,7 @@ def check_distributed_optimizer(DistributedOptimizer):
     cases = [("deep_mlp", 31, 1), ("deep_mlp", 32, 1000), ("deep_mlp", 33, 10 ** 9),
              ("frozen_first_layer", 34, 1500)]
     for world_size in (3, 1):
-        runs = _launch(ranks.optimizer_cases, world_size, DistributedOptimizer, cases, 3, 2)
+        runs = _runs(ranks.optimizer_cases, world_size, DistributedOptimizer, cases, 3, 2)
         expect_finished(runs, "rank {rank}: DistributedOptimizer on {failed} raised {error}")
         for i, (name, seed, threshold) in enumerate(cases):
             what = f"DistributedOptimizer(fusion_threshold={threshold}) on {name}, {world_size} ranks"

@@ -1,13 +1,15 @@
 """What the hidden checks of 05_ddp_from_scratch run inside each rank, and the records ranks return.
 
-A rank trains the learner's code on every case of a check and returns a `RankRun`: one `Trained`
+A rank trains the learner's code on every case of a check and reports a `RankRun`: one `Trained`
 per case (gradients after the first synchronisation, the final state, the communication the check
-counts), or the case that raised and the error. The checks (dpgrader.ddp_from_scratch) read these
-fields by name and compare them with references computed on their side, never in the ranks.
+counts), or the case that raised and the error. A graded rank may only return plain values, so it
+returns `run.plain()` (dicts of tensors, numbers and lists) and the check rebuilds the records with
+`RankRun.from_plain`; the checks (dpgrader.ddp_from_scratch) read the fields by name and compare
+them with references computed on their side, never in the ranks.
 """
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -51,7 +53,17 @@ class RankRun:
 
     def stop(self, case, exc):
         self.failed, self.error = case, f"{type(exc).__name__}: {exc}"
-        return self
+        return self.plain()
+
+    def plain(self):
+        """What a rank returns: the same fields as dicts and lists (no classes of ours)."""
+        return {"failed": self.failed, "error": self.error,
+                "cases": [{"no_sync": isinstance(c, NoSyncTrained), **asdict(c)} for c in self.cases]}
+
+    @classmethod
+    def from_plain(cls, plain):
+        cases = [(NoSyncTrained if c.pop("no_sync") else Trained)(**c) for c in plain["cases"]]
+        return cls(cases, plain["failed"], plain["error"])
 
 
 def train(step_fn, X, Y, steps, per_rank):
@@ -111,7 +123,7 @@ def average_gradients_cases(average_gradients, cases, steps, per_rank):
         except Exception as exc:  # noqa: BLE001 - reported with the model's name
             return run.stop(name, exc)
         run.cases.append(Trained(first, state_of(model)))
-    return run
+    return run.plain()
 
 
 # --------------------------------------------------------------------------- BucketedDDP
@@ -143,7 +155,7 @@ def bucketed_cases(BucketedDDP, cases, steps, per_rank):
         except Exception as exc:  # noqa: BLE001
             return run.stop(f"a step of BucketedDDP({name}, bucket_cap={cap})", exc)
         run.cases.append(Trained(first, state_of(module), comms))
-    return run
+    return run.plain()
 
 
 def overlap_probe(BucketedDDP, cap, depth=12):
@@ -239,7 +251,7 @@ def accumulating_cases(AccumulatingDDP, cases, steps, micro, K):
         except Exception as exc:  # noqa: BLE001
             return run.stop(name, exc)
         run.cases.append(NoSyncTrained(first, state_of(module), counts, after_exception, nested))
-    return run
+    return run.plain()
 
 
 # --------------------------------------------------------------------------- DistributedOptimizer
@@ -279,4 +291,4 @@ def optimizer_cases(DistributedOptimizer, cases, steps, per_rank):
         except Exception as exc:  # noqa: BLE001
             return run.stop(name, exc)
         run.cases.append(Trained(first, state_of(module), comms))
-    return run
+    return run.plain()

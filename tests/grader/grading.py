@@ -25,22 +25,25 @@ EXPECTED_GRADES = Path(__file__).resolve().parent / "expected_grades.json"
 VOLATILE = [
     (re.compile(r"\d+(\.\d+)? ms\b"), "<t> ms"),
     (re.compile(r"took \d+(\.\d+)? s\b"), "took <t> s"),
-    (re.compile(r"/tmp/[^\s'\"),]+"), "<tmp>"),
+    (re.compile(r"(/var)?/tmp/[^\s'\"),]+"), "<tmp>"),
     (re.compile(r"\bpid \d+"), "pid <n>"),
     # which rank's failure the launcher saw first (the others are listed after it)
     (re.compile(r"\brank \d+ of (\d+) (raised|was killed|gave up)"), r"rank <r> of \1 \2"),
     (re.compile(r"\(so did ranks? [\d, and]+\)"), "(so did <ranks>)"),
 ]
 # Cells of planted bugs that are races themselves (threads finishing in any order, a gradient read while
-# its all-reduce may or may not be done): what they show changes from run to run, so the table is not
-# compared on them ("message": the first line only; "result": points too). The bug's `loses` pins what
-# is certain.
+# its all-reduce may or may not be done, several ranks failing at once): what they show changes from run
+# to run, so the table is not compared on them ("message": the first line only; "result": points too).
+# The bug's `loses` pins what is certain.
 FINISHING_ORDER = ("02_dataparallel", "drops_non_tensors_and_gathers_in_finishing_order")
 NEVER_WAITS = ("05_ddp_from_scratch", "no_buffers__same_data__bias_skipped__never_waits")
 UNSTABLE = {
     (*FINISHING_ORDER, "test_mini_data_parallel_basic"): "result",
     (*FINISHING_ORDER, "test_mini_data_parallel_edge_cases"): "message",
     (*NEVER_WAITS, "test_bucketed_ddp_basic"): "result",
+    # every rank's receive is refused; which refusal the launcher reports first varies
+    ("04_ring_allreduce", "wrong_peer_broadcast_default_group_bypass", "test_ring_reduce_scatter_edge_cases"):
+        "message",
 }
 
 
