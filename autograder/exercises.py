@@ -5,12 +5,23 @@
 
 An exercise is a solution cell (the learner's function) with the graded test
 cells that follow it, up to the next solution cell; a hand-graded answer cell
-is an exercise of its own.
+is an exercise of its own. Its key is the solution cell's grade id, and everything
+about it is found by that key (docs/authoring.md):
+
+  tests          the graded test cells that follow it (test_<key>_<what>)
+  hidden_checks  the dpgrader functions its test cells' hidden sections call (check_<key>...)
+  planted_bugs   the Bug("<key>", "<name>", ...) entries of tests/grader/variants/vNN_<assignment>.py
+  reference      what its expected values come from: REFERENCES["<key>"] in its dpgrader module
+  helpers        the dpcourse modules its test cells use
+
+All of it is read from the files as text (ast), nothing is imported: the index needs no torch.
 """
 
 import argparse
 import ast
+import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -18,6 +29,10 @@ import nbformat
 
 REPO = Path(__file__).resolve().parent.parent
 INDEX = REPO / "autograder" / "exercises.json"
+DPGRADER = REPO / "autograder" / "dpgrader"
+VARIANTS = REPO / "tests" / "grader" / "variants"
+DPCOURSE_INIT = REPO / "course" / "dpcourse" / "__init__.py"
+HIDDEN = re.compile(r"### BEGIN HIDDEN TESTS\n(.*?)### END HIDDEN TESTS", re.S)
 README = REPO / "README.md"
 START, END = "<!-- exercises:start -->", "<!-- exercises:end -->"
 
@@ -43,22 +58,114 @@ def function_signature(source):
 def exercises_of(path):
     nb = nbformat.read(path, as_version=4)
     found, current = [], None
+    imports = imported_names(cell.source for cell in nb.cells if cell.cell_type == "code")
     for cell in nb.cells:
         meta = nbgrader_meta(cell)
         if meta.get("solution") and meta.get("grade"):  # hand-graded written answer
             found.append(dict(kind="written", solution=meta["grade_id"], tests=[meta["grade_id"]],
-                              points=float(meta.get("points", 0)), function=None, signature=None))
+                              points=float(meta.get("points", 0)), function=None, signature=None,
+                              sources=[]))
             current = None
         elif meta.get("solution") and cell.cell_type == "code":
             name, signature = function_signature(cell.source)
             current = dict(kind="code", solution=meta["grade_id"], tests=[], points=0.0,
-                           function=name, signature=signature)
+                           function=name, signature=signature, sources=[])
             found.append(current)
         elif meta.get("grade") and cell.cell_type == "code" and current is not None:
             current["tests"].append(meta["grade_id"])
             current["points"] += float(meta.get("points", 0))
+            current["sources"].append(cell.source)
     rel = path.relative_to(REPO).as_posix()
-    return [dict(assignment=path.parent.name, notebook=rel, **e) for e in found]
+    assignment = path.parent.name
+    bugs, refs = planted_bugs(assignment), references()
+    out = []
+    for e in found:
+        sources = e.pop("sources")
+        key = e["solution"]
+        out.append(dict(assignment=assignment, notebook=rel, **e,
+                        hidden_checks=hidden_checks(sources), planted_bugs=bugs.get(key, []),
+                        reference=refs.get(key), helpers=helper_modules(sources, imports)))
+    return out
+
+
+def hidden_checks(sources):
+    """'dpgrader.<module>.<function>' of every function the hidden sections of these cells call."""
+    found = []
+    for source in sources:
+        for hidden in HIDDEN.findall(source):
+            tree = ast.parse(hidden)
+            modules = {alias.asname or alias.name: node.module for node in ast.walk(tree)
+                       if isinstance(node, ast.ImportFrom) for alias in node.names}
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                    name = node.func.id
+                    if name in modules and f"{modules[name]}.{name}" not in found:
+                        found.append(f"{modules[name]}.{name}")
+    return found
+
+
+def imported_names(sources):
+    """{name: the dpcourse module it comes from} for every `from dpcourse... import` in these sources."""
+    top = {alias.asname or alias.name: node.module for node in ast.parse(DPCOURSE_INIT.read_text()).body
+           if isinstance(node, ast.ImportFrom) for alias in node.names}
+    names = {}
+    for source in sources:
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "dpcourse":
+                for alias in node.names:
+                    module = top.get(alias.name, node.module) if node.module == "dpcourse" else node.module
+                    names[alias.asname or alias.name] = module
+    return names
+
+
+def helper_modules(sources, imports):
+    """The dpcourse modules whose names these cells use (wherever in the notebook they are imported)."""
+    modules = set()
+    for source in sources:
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Name) and node.id in imports:
+                modules.add(imports[node.id])
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("dpcourse."):
+                modules.add(node.module)
+    return sorted(modules)
+
+
+def references():
+    """{exercise key: where its expected values come from}: the REFERENCES dicts of dpgrader's modules."""
+    found = {}
+    for path in sorted(DPGRADER.glob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            targets = [getattr(t, "id", None) for t in getattr(node, "targets", [])]
+            if isinstance(node, ast.Assign) and "REFERENCES" in targets:
+                found.update(ast.literal_eval(node.value))
+    return found
+
+
+def planted_bugs(assignment):
+    """{exercise key: [bug names]} from the BUGS list of the assignment's variants module.
+
+    The module is imported (as the grading test does), so bugs built by helper functions count too.
+    """
+    path = VARIANTS / f"v{assignment}.py"
+    if not path.exists():
+        return {}
+    sys.path.insert(0, str(VARIANTS.parent))
+    try:
+        spec = importlib.util.spec_from_file_location(f"variants_{assignment}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(VARIANTS.parent))
+    bugs = {}
+    for bug in getattr(module, "BUGS", []):
+        for inner in getattr(bug, "bugs", [bug]):
+            if inner.exercise is not None:
+                bugs.setdefault(inner.exercise, []).append(inner.name)
+    return bugs
 
 
 def build_index():

@@ -6,25 +6,35 @@ DistributedSampler, and bucket counts computed from the rule the notebook states
 Communication is observed with dpcourse.comm.recorder.CommRecorder, inside the ranks.
 """
 
-import math
-import time
 from collections import Counter
 
-import torch
-import torch.distributed as dist
 from torch.utils.data import DistributedSampler
 
 from dpcourse import launch
+from dpcourse.checks.core import shorten
 from dpcourse.checks.params import expect_averaged_gradients, expect_same_state
 from dpcourse.checks.training import expect_single_process_equivalence
-from dpcourse.comm.recorder import CommRecorder
-from dpcourse.reference.gradients import gradients_of, single_process_gradients, state_of
-from dpcourse.reference.training import sgd
-from dpcourse.runtime.backend import rank_device
+from dpcourse.reference.gradients import single_process_gradients, state_of
+from dpcourse.reference.splits import ceil_div
 from dpcourse.runtime.timeouts import TIMEOUTS
 from dpcourse.toys.data import my_share, smooth_regression_data
-from dpcourse.toys.models import MODELS, loss_fn
+from dpcourse.toys.models import MODELS
+from dpgrader import ddp_from_scratch_ranks as ranks
 from dpgrader.tuned.ddp import bucket_assignment
+
+# What each exercise's expected values come from (autograder/exercises.json lists them).
+REFERENCES = {
+    "broadcast_model": "the model rank 0 builds from the same seed",
+    "shard_sampler": "torch.utils.data.DistributedSampler with the same arguments",
+    "average_gradients": "one process trained on the same global batches "
+                         "(dpcourse.reference.training.train_single_process)",
+    "bucketed_ddp": "one process trained on the same global batches; the bucket rule the notebook states "
+                    "(dpgrader.tuned.ddp.bucket_assignment)",
+    "accumulating_ddp": "one process trained on the same global batches; one all-reduce per parameter "
+                        "outside no_sync(), none inside",
+    "distributed_optimizer": "one process trained with the same optimizer on the same global batches; the "
+                             "fusion rule the notebook states",
+}
 
 GROUP_TIMEOUT = TIMEOUTS["test_group"]
 
@@ -33,38 +43,24 @@ def _launch(fn, world_size, *args):
     return launch(fn, world_size, *args, group_timeout=GROUP_TIMEOUT)
 
 
-def _short(values, limit=8):
-    values = list(values)
-    return str(values[:limit])[:-1] + (f", … ({len(values)} values)]" if len(values) > limit else "]")
+def _runs(fn, world_size, *args):
+    """Launch a ranks.*_cases runner; each rank's RankRun, rebuilt from the plain values it returned."""
+    return [ranks.RankRun.from_plain(plain) for plain in _launch(fn, world_size, *args)]
+
+
+def _short(values):
+    return f"[{shorten(values)}]"
 
 
 # --------------------------------------------------------------------------- 1. broadcast_model
 
-def _perturb_buffers(model, rank):
-    """Make every buffer rank-dependent (running statistics, counters), as local training would."""
-    for buffer in model.buffers():
-        buffer.add_(rank + 1)
-
-
-def _broadcast_cases(broadcast_model, names, seed):
-    rank = dist.get_rank()
-    results = {}
-    for name in names:
-        model = MODELS[name](seed=seed + rank, device=rank_device())
-        _perturb_buffers(model, rank)
-        before = [id(p) for p in model.parameters()]
-        broadcast_model(model)
-        results[name] = (state_of(model), before == [id(p) for p in model.parameters()])
-    return results
-
-
 def check_broadcast_model(broadcast_model):
     for world_size, names in [(3, ["mlp_with_batchnorm", "frozen_first_layer", "tied_layers", "deep_mlp"]),
                               (1, ["mlp_with_batchnorm"])]:
-        per_rank = _launch(_broadcast_cases, world_size, broadcast_model, names, 20)
+        per_rank = _launch(ranks.broadcast_cases, world_size, broadcast_model, names, 20)
         for name in names:
             expected = MODELS[name](seed=20)
-            _perturb_buffers(expected, 0)
+            ranks.perturb_buffers(expected, 0)
             expected = state_of(expected)
             for rank, results in enumerate(per_rank):
                 state, same_objects = results[name]
@@ -103,7 +99,7 @@ def _learner_indices(ShardSampler, n, world_size, shuffle, seed, drop_last, epoc
 def explain_sampler_shards(shards, n, drop_last, what):
     """The policy's properties, each with its own message (used before the exact comparison)."""
     world_size = len(shards)
-    length = n // world_size if drop_last else math.ceil(n / world_size)
+    length = n // world_size if drop_last else ceil_div(n, world_size)
     for rank, shard in enumerate(shards):
         if len(shard) != length:
             raise AssertionError(
@@ -129,7 +125,7 @@ def explain_sampler_shards(shards, n, drop_last, what):
             raise AssertionError(f"{what}: samples {_short(never)} are never used in this epoch: every "
                                  f"sample must be seen at least once across ranks")
         extra = sum(counts.values()) - n  # padding: every sample is used, so these are repeats
-        if max(counts.values()) > 1 + math.ceil(extra / max(n, 1)):
+        if max(counts.values()) > 1 + ceil_div(extra, max(n, 1)):
             raise AssertionError(f"{what}: some samples are used too often, e.g. sample "
                                  f"{counts.most_common(1)[0][0]} {counts.most_common(1)[0][1]} times")
 
@@ -164,60 +160,30 @@ def _make(name, seed):
     return lambda: MODELS[name](seed=seed)
 
 
-def _run_steps(step_fn, X, Y, steps, per_rank):
-    """Shared loop: step_fn(step, xb, yb) -> gradients to report (or None); returns (first grads, ...)."""
-    first = None
-    for step in range(steps):
-        xb, yb = my_share(X, Y, step, per_rank)
-        grads = step_fn(step, xb, yb)
-        if step == 0:
-            first = grads
-    return first
-
-
-def _failure(exc, what):
-    return AssertionError(f"{what} raised {type(exc).__name__}: {exc}")
-
-
 # --------------------------------------------------------------------------- 3. average_gradients
 
-def _naive_cases(average_gradients, cases, steps, per_rank):
-    out = []
-    for name, seed in cases:
-        X, Y = smooth_regression_data(steps * per_rank * dist.get_world_size(), seed=seed)
-        model = MODELS[name](seed=seed, device=rank_device())
-        opt = sgd(model)
-
-        def step_fn(step, xb, yb, model=model, opt=opt):
-            opt.zero_grad()
-            loss_fn(model(xb), yb).backward()
-            average_gradients(model)
-            grads = gradients_of(model)
-            opt.step()
-            return grads
-        try:
-            first = _run_steps(step_fn, X, Y, steps, per_rank)
-        except Exception as exc:  # noqa: BLE001 - reported with the model's name
-            return ("error", name, f"{type(exc).__name__}: {exc}")
-        out.append((first, state_of(model)))
-    return ("ok", out)
+def expect_finished(runs, message):
+    """Every rank trained every case; `message` says it otherwise (fields: rank, failed, error)."""
+    for rank, run in enumerate(runs):
+        if run.error is not None:
+            raise AssertionError(message.format(rank=rank, failed=run.failed, error=run.error))
 
 
-def _expect_cases(per_rank_results, cases, steps, per_rank, what):
-    for rank, result in enumerate(per_rank_results):
-        if result[0] == "error":
-            raise AssertionError(f"rank {rank}: {what} raised on {result[1]}: {result[2]}")
-    for i, (name, seed) in enumerate(cases):
-        X, Y = smooth_regression_data(steps * per_rank * len(per_rank_results), seed=seed)
-        expect_single_process_equivalence([r[1][i] for r in per_rank_results], _make(name, seed), X, Y,
-                                          steps, per_rank, f"{what} on {name}, {len(per_rank_results)} ranks")
+def expect_like_one_process(runs, index, make_model, seed, steps, per_rank, what, **options):
+    """Case `index` of every rank's run against one process trained on the same global batches."""
+    X, Y = smooth_regression_data(steps * per_rank * len(runs), seed=seed)
+    expect_single_process_equivalence([run.cases[index].pair() for run in runs], make_model, X, Y, steps,
+                                      per_rank, what, **options)
 
 
 def check_average_gradients(average_gradients):
     cases = [("deep_mlp", 3), ("frozen_first_layer", 4), ("tied_layers", 5), ("unused_head", 6)]
     for world_size in (3, 1):
-        results = _launch(_naive_cases, world_size, average_gradients, cases, 3, 2)
-        _expect_cases(results, cases, 3, 2, "average_gradients")
+        runs = _runs(ranks.average_gradients_cases, world_size, average_gradients, cases, 3, 2)
+        expect_finished(runs, "rank {rank}: average_gradients raised on {failed}: {error}")
+        for i, (name, seed) in enumerate(cases):
+            expect_like_one_process(runs, i, _make(name, seed), seed, 3, 2,
+                                    f"average_gradients on {name}, {world_size} ranks")
 
 
 # --------------------------------------------------------------------------- 4. BucketedDDP
@@ -227,36 +193,6 @@ def expected_buckets(model, bucket_cap):
     trainable = [p for p in model.parameters() if p.requires_grad]
     return [sum(p.numel() * p.element_size() for p in bucket)
             for bucket in bucket_assignment(trainable, bucket_cap)]
-
-
-def _bucketed_cases(BucketedDDP, cases, steps, per_rank):
-    out = []
-    for name, seed, cap in cases:
-        X, Y = smooth_regression_data(steps * per_rank * dist.get_world_size(), seed=seed)
-        module = MODELS[name](seed=seed, device=rank_device())
-        try:
-            ddp = BucketedDDP(module, bucket_cap=cap)
-        except Exception as exc:  # noqa: BLE001
-            return ("error", f"BucketedDDP({name}, bucket_cap={cap})", f"{type(exc).__name__}: {exc}")
-        opt = sgd(module)
-        comms = []
-
-        def step_fn(step, xb, yb, ddp=ddp, module=module, opt=opt, comms=comms):
-            opt.zero_grad()
-            with CommRecorder() as rec:
-                loss_fn(ddp(xb), yb).backward()
-                ddp.finish_gradient_sync()
-            comms.append([(o.op, o.nbytes) for o in rec.collectives])
-            grads = gradients_of(module)
-            opt.step()
-            return grads
-        try:
-            first = _run_steps(step_fn, X, Y, steps, per_rank)
-        except Exception as exc:  # noqa: BLE001
-            return ("error", f"a step of BucketedDDP({name}, bucket_cap={cap})",
-                    f"{type(exc).__name__}: {exc}")
-        out.append((first, state_of(module), comms))
-    return ("ok", out)
 
 
 def expect_bucket_traffic(comms, model, cap, what, rank=0):
@@ -283,18 +219,6 @@ def _expect_all_reduces(ops, sizes, total, what, rank, step, rule):
                              f"gradients hold {total} bytes: a parameter is left out or sent twice")
 
 
-def _overlap_probe(BucketedDDP, cap, depth=12):
-    """One step of a deep MLP; returns (issue times of the all-reduces, time backward returned)."""
-    X, Y = smooth_regression_data(32 * dist.get_world_size(), seed=8)
-    ddp = BucketedDDP(MODELS["deep_mlp"](depth=depth, width=64, seed=8, device=rank_device()), bucket_cap=cap)
-    xb, yb = my_share(X, Y, 0, 32)
-    with CommRecorder() as rec:
-        loss_fn(ddp(xb), yb).backward()
-        backward_end = time.perf_counter()
-        ddp.finish_gradient_sync()
-    return [o.start for o in rec.ops if o.op == "all_reduce"], backward_end
-
-
 def expect_overlap(starts, backward_end, what, rank=0):
     if not starts:
         raise AssertionError(f"rank {rank}: {what} issued no all-reduce")
@@ -305,42 +229,10 @@ def expect_overlap(starts, backward_end, what, rank=0):
             f"the gradient hooks, as soon as the bucket is full")
 
 
-def _slow_peer(BucketedDDP, delay):
-    """Rank 1 starts backward `delay` s late. Returns rank's (gradients, backward s, sync s)."""
-    X, Y = smooth_regression_data(4 * dist.get_world_size(), seed=9)
-    module = MODELS["deep_mlp"](seed=9, device=rank_device())
-    ddp = BucketedDDP(module, bucket_cap=200)
-    xb, yb = my_share(X, Y, 0, 4)
-    loss = loss_fn(ddp(xb), yb)
-    if dist.get_rank() == 1:
-        time.sleep(delay)
-    start = time.perf_counter()
-    loss.backward()
-    backward_s = time.perf_counter() - start
-    ddp.finish_gradient_sync()
-    grads = gradients_of(module)
-    dist.barrier()  # a bucket left in flight completes before the ranks leave
-    return grads, backward_s
-
-
-def _unused_probe(BucketedDDP):
-    X, Y = smooth_regression_data(4 * dist.get_world_size(), seed=10)
-    ddp = BucketedDDP(MODELS["unused_head"](seed=10, device=rank_device()), bucket_cap=10 ** 9)
-    xb, yb = my_share(X, Y, 0, 4)
-    try:
-        loss_fn(ddp(xb), yb).backward()
-        ddp.finish_gradient_sync()
-    except RuntimeError as exc:
-        return ("RuntimeError", str(exc))
-    except Exception as exc:  # noqa: BLE001
-        return (type(exc).__name__, str(exc))
-    return None
-
-
 def check_bucketed_ddp(BucketedDDP):
     """Deterministic checks first (a late peer, unused parameters), then equality, traffic, overlap."""
     delay = 0.5
-    grads, backward_s = _launch(_slow_peer, 2, BucketedDDP, delay)[0]
+    grads, backward_s = _launch(ranks.slow_peer, 2, BucketedDDP, delay)[0]
     X, Y = smooth_regression_data(8, seed=9)
     model = MODELS["deep_mlp"](seed=9)
     average = single_process_gradients(model, X, Y)
@@ -353,7 +245,7 @@ def check_bucketed_ddp(BucketedDDP):
             f"s: the hooks wait for each all-reduce, so backward stalls instead of overlapping. Launch "
             f"with async_op=True in the hooks and wait only in finish_gradient_sync")
 
-    for rank, outcome in enumerate(_launch(_unused_probe, 2, BucketedDDP)):
+    for rank, outcome in enumerate(_launch(ranks.unused_probe, 2, BucketedDDP)):
         if outcome is None:
             raise AssertionError(
                 f"rank {rank}: BucketedDDP trained a model whose parameters unused_head.weight and "
@@ -368,19 +260,15 @@ def check_bucketed_ddp(BucketedDDP):
     cases = [("deep_mlp", 11, 1), ("deep_mlp", 12, 600), ("deep_mlp", 13, 10 ** 9),
              ("tied_layers", 14, 700), ("frozen_first_layer", 15, 300)]
     for world_size in (3, 1):
-        results = _launch(_bucketed_cases, world_size, BucketedDDP, cases, 3, 2)
-        for rank, result in enumerate(results):
-            if result[0] == "error":
-                raise AssertionError(f"rank {rank}: {result[1]} raised {result[2]}")
+        runs = _runs(ranks.bucketed_cases, world_size, BucketedDDP, cases, 3, 2)
+        expect_finished(runs, "rank {rank}: {failed} raised {error}")
         for i, (name, seed, cap) in enumerate(cases):
             what = f"BucketedDDP({name}, bucket_cap={cap}) on {world_size} ranks"
-            X, Y = smooth_regression_data(3 * 2 * world_size, seed=seed)
-            expect_single_process_equivalence([r[1][i][:2] for r in results], _make(name, seed), X, Y, 3, 2,
-                                              what)
-            for rank, result in enumerate(results):
-                expect_bucket_traffic(result[1][i][2], MODELS[name](seed=seed), cap, what, rank)
+            expect_like_one_process(runs, i, _make(name, seed), seed, 3, 2, what)
+            for rank, run in enumerate(runs):
+                expect_bucket_traffic(run.cases[i].traffic, MODELS[name](seed=seed), cap, what, rank)
 
-    for rank, (starts, backward_end) in enumerate(_launch(_overlap_probe, 2, BucketedDDP, 4096)):
+    for rank, (starts, backward_end) in enumerate(_launch(ranks.overlap_probe, 2, BucketedDDP, 4096)):
         expect_overlap(starts, backward_end, "BucketedDDP(deep_mlp(depth=12), bucket_cap=4096)", rank)
 
 
@@ -391,56 +279,6 @@ def _backend_is_gloo():
 
 
 # --------------------------------------------------------------------------- 5. AccumulatingDDP
-
-class _Probe(Exception):
-    pass
-
-
-def _accumulation_cases(AccumulatingDDP, cases, steps, micro, K):
-    out = []
-    for name, seed in cases:
-        X, Y = smooth_regression_data(steps * K * micro * dist.get_world_size(), seed=seed)
-        module = MODELS[name](seed=seed, device=rank_device())
-        ddp = AccumulatingDDP(module)
-        opt = sgd(module)
-        counts = []
-
-        def step_fn(step, xb, yb, ddp=ddp, module=module, opt=opt, counts=counts):
-            opt.zero_grad()
-            for k in range(K):
-                rows = slice(k * micro, (k + 1) * micro)
-                with CommRecorder() as rec:
-                    if k < K - 1:
-                        with ddp.no_sync():
-                            (loss_fn(ddp(xb[rows]), yb[rows]) / K).backward()
-                    else:
-                        (loss_fn(ddp(xb[rows]), yb[rows]) / K).backward()
-                counts.append((k < K - 1, len(rec.collectives)))
-            grads = gradients_of(module)
-            opt.step()
-            return grads
-        try:
-            first = _run_steps(step_fn, X, Y, steps, K * micro)
-            xb, yb = my_share(X, Y, 0, K * micro)
-            try:
-                with ddp.no_sync():
-                    raise _Probe()
-            except _Probe:
-                pass
-            with CommRecorder() as rec:
-                loss_fn(ddp(xb), yb).backward()
-            after_exception = len(rec.collectives)
-            with ddp.no_sync():
-                with ddp.no_sync():
-                    pass
-                with CommRecorder() as rec:
-                    loss_fn(ddp(xb), yb).backward()
-                nested = len(rec.collectives)
-        except Exception as exc:  # noqa: BLE001
-            return ("error", name, f"{type(exc).__name__}: {exc}")
-        out.append(((first, state_of(module)), counts, after_exception, nested))
-    return ("ok", out)
-
 
 def expect_accumulation_traffic(counts, model, what, rank=0):
     """counts = [(inside no_sync, number of collectives during that backward), ...]"""
@@ -455,21 +293,20 @@ def expect_accumulation_traffic(counts, model, what, rank=0):
                                  f"must turn synchronisation back on")
 
 
-def check_no_sync(AccumulatingDDP):
+def check_accumulating_ddp(AccumulatingDDP):
     cases = [("deep_mlp", 21), ("tied_layers", 22)]
     steps, micro, K = 2, 2, 3
     for world_size in (3, 1):
-        results = _launch(_accumulation_cases, world_size, AccumulatingDDP, cases, steps, micro, K)
-        for rank, result in enumerate(results):
-            if result[0] == "error":
-                raise AssertionError(f"rank {rank}: AccumulatingDDP on {result[1]} raised {result[2]}")
+        runs = _runs(ranks.accumulating_cases, world_size, AccumulatingDDP, cases, steps, micro, K)
+        expect_finished(runs, "rank {rank}: AccumulatingDDP on {failed} raised {error}")
         for i, (name, seed) in enumerate(cases):
             what = f"AccumulatingDDP({name}) on {world_size} ranks, {K} micro-batches per step"
             model = MODELS[name](seed=seed)
             n_params = sum(1 for p in model.parameters() if p.requires_grad)
-            for rank, result in enumerate(results):
-                _, counts, after_exception, nested = result[1][i]
-                expect_accumulation_traffic(counts, model, what, rank)
+            for rank, run in enumerate(runs):
+                trained = run.cases[i]
+                after_exception, nested = trained.after_exception, trained.nested
+                expect_accumulation_traffic(trained.traffic, model, what, rank)
                 if after_exception != n_params:
                     raise AssertionError(
                         f"rank {rank}: after an exception inside `with model.no_sync():`, the next "
@@ -479,22 +316,10 @@ def check_no_sync(AccumulatingDDP):
                     raise AssertionError(
                         f"rank {rank}: after a nested no_sync() ended, a backward still inside the outer "
                         f"no_sync() issued {nested} all-reduces: restore the previous value, not True")
-            X, Y = smooth_regression_data(steps * K * micro * world_size, seed=seed)
-            expect_single_process_equivalence([r[1][i][0] for r in results], _make(name, seed), X, Y, steps,
-                                              K * micro, what)
+            expect_like_one_process(runs, i, _make(name, seed), seed, steps, K * micro, what)
 
 
 # --------------------------------------------------------------------------- 6. DistributedOptimizer
-
-def two_groups(lr_weights=0.1, lr_biases=0.05, momentum=0.9):
-    """An optimizer factory with two parameter groups (weights, biases) and momentum."""
-    def make(model):
-        weights = [p for n, p in model.named_parameters() if p.requires_grad and n.endswith("weight")]
-        biases = [p for n, p in model.named_parameters() if p.requires_grad and not n.endswith("weight")]
-        return torch.optim.SGD([{"params": weights, "lr": lr_weights}, {"params": biases, "lr": lr_biases}],
-                               lr=lr_weights, momentum=momentum)
-    return make
-
 
 def expected_fusion(optimizer_params, threshold):
     """Byte sizes of the fusion buffers the stated rule makes (group order; close before exceeding)."""
@@ -506,33 +331,6 @@ def expected_fusion(optimizer_params, threshold):
             size = 0
         size += nbytes
     return sizes + ([size] if size else [])
-
-
-def _optimizer_cases(DistributedOptimizer, cases, steps, per_rank):
-    out = []
-    for name, seed, threshold in cases:
-        X, Y = smooth_regression_data(steps * per_rank * dist.get_world_size(), seed=seed)
-        module = MODELS[name](seed=seed, device=rank_device())
-        try:
-            opt = DistributedOptimizer(two_groups()(module), fusion_threshold=threshold)
-        except Exception as exc:  # noqa: BLE001
-            return ("error", name, f"{type(exc).__name__}: {exc}")
-        comms = []
-
-        def step_fn(step, xb, yb, module=module, opt=opt, comms=comms):
-            opt.zero_grad()
-            with CommRecorder() as rec:
-                loss_fn(module(xb), yb).backward()
-                backward_ops = len(rec.collectives)
-                opt.step()
-            comms.append((backward_ops, [(o.op, o.nbytes) for o in rec.collectives]))
-            return gradients_of(module)
-        try:
-            first = _run_steps(step_fn, X, Y, steps, per_rank)
-        except Exception as exc:  # noqa: BLE001
-            return ("error", name, f"{type(exc).__name__}: {exc}")
-        out.append(((first, state_of(module)), comms))
-    return ("ok", out)
 
 
 def expect_fusion_traffic(comms, params, threshold, what, rank=0):
@@ -550,21 +348,19 @@ def check_distributed_optimizer(DistributedOptimizer):
     cases = [("deep_mlp", 31, 1), ("deep_mlp", 32, 1000), ("deep_mlp", 33, 10 ** 9),
              ("frozen_first_layer", 34, 1500)]
     for world_size in (3, 1):
-        results = _launch(_optimizer_cases, world_size, DistributedOptimizer, cases, 3, 2)
-        for rank, result in enumerate(results):
-            if result[0] == "error":
-                raise AssertionError(f"rank {rank}: DistributedOptimizer on {result[1]} raised {result[2]}")
+        runs = _runs(ranks.optimizer_cases, world_size, DistributedOptimizer, cases, 3, 2)
+        expect_finished(runs, "rank {rank}: DistributedOptimizer on {failed} raised {error}")
         for i, (name, seed, threshold) in enumerate(cases):
             what = f"DistributedOptimizer(fusion_threshold={threshold}) on {name}, {world_size} ranks"
-            X, Y = smooth_regression_data(3 * 2 * world_size, seed=seed)
-            expect_single_process_equivalence([r[1][i][0] for r in results], _make(name, seed), X, Y, 3, 2,
-                                              what, make_optimizer=two_groups())
-            params = [p for g in two_groups()(MODELS[name](seed=seed)).param_groups for p in g["params"]]
-            for rank, result in enumerate(results):
-                expect_fusion_traffic(result[1][i][1], params, threshold, what, rank)
+            expect_like_one_process(runs, i, _make(name, seed), seed, 3, 2, what,
+                                    make_optimizer=ranks.two_groups())
+            groups = ranks.two_groups()(MODELS[name](seed=seed)).param_groups
+            params = [p for group in groups for p in group["params"]]
+            for rank, run in enumerate(runs):
+                expect_fusion_traffic(run.cases[i].traffic, params, threshold, what, rank)
 
 
 __all__ = ["check_broadcast_model", "check_shard_sampler", "check_average_gradients", "check_bucketed_ddp",
-           "check_no_sync", "check_distributed_optimizer", "explain_sampler_shards", "expected_buckets",
-           "expected_fusion", "expect_bucket_traffic", "expect_overlap", "expect_accumulation_traffic",
-           "expect_fusion_traffic"]
+           "check_accumulating_ddp", "check_distributed_optimizer", "explain_sampler_shards",
+           "expected_buckets", "expected_fusion", "expect_bucket_traffic", "expect_overlap",
+           "expect_accumulation_traffic", "expect_fusion_traffic"]

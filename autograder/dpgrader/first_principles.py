@@ -20,9 +20,21 @@ from dpcourse.checks.params import (
     expect_shard_calls,
 )
 from dpcourse.reference.gradients import batch_norm, full_batch_gradient, parameter_names, sgd_steps
+from dpcourse.reference.splits import ceil_div, chunk_sizes
 from dpcourse.runtime.timeouts import TIMEOUTS
 from dpcourse.toys.data import gradient_problems, line_data
 from dpcourse.toys.models import RecordingLoss, linear
+
+# What each exercise's expected values come from (autograder/exercises.json lists them).
+REFERENCES = {
+    "shard_indices": "torch.tensor_split and reshape of arange(n), one per remainder policy",
+    "data_parallel_gradient": "the float64 gradient of the whole batch in one process "
+                              "(dpcourse.reference.gradients.full_batch_gradient)",
+    "simulated_dp_step": "plain SGD on the whole batch in float64 (dpcourse.reference.gradients.sgd_steps)",
+    "allreduce_sgd_step": "plain SGD on the whole batch in float64 (dpcourse.reference.gradients.sgd_steps)",
+    "sync_batch_norm": "batch normalisation of every rank's rows together, in float64 "
+                       "(dpcourse.reference.gradients.batch_norm)",
+}
 
 
 def expected_shards(n, world, remainder):
@@ -33,13 +45,9 @@ def expected_shards(n, world, remainder):
         per = n // world
         return list(torch.arange(per * world).reshape(world, per))
     if remainder == "pad":
-        per = -(-n // world)
+        per = ceil_div(n, world)
         return list((torch.arange(per * world) % max(n, 1)).reshape(world, per))
     raise ValueError(remainder)
-
-
-def split_sizes(n, world):
-    return [len(s) for s in torch.tensor_split(torch.arange(n), world)]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -82,7 +90,7 @@ def check_data_parallel_gradient(data_parallel_gradient):
                 expected = full_batch_gradient(model, loss_fn, x, y)
                 recording = RecordingLoss(loss_fn)
                 got = data_parallel_gradient(model, recording, x, y, world)
-                expect_shard_calls(recording.sizes, split_sizes(len(x), world), f"with {case}")
+                expect_shard_calls(recording.sizes, chunk_sizes(len(x), world), f"with {case}")
                 expect_gradients(got, expected, parameter_names(model), f"with {case}")
 
 
@@ -101,7 +109,7 @@ def check_simulated_dp_step(simulated_dp_step, lr=0.1, steps=2):
                 recording = RecordingLoss(loss_fn)
                 for _ in range(steps):
                     simulated_dp_step(replicas, recording, x, y, lr)
-                expect_shard_calls(recording.sizes, split_sizes(len(x), workers) * steps,
+                expect_shard_calls(recording.sizes, chunk_sizes(len(x), workers) * steps,
                                    f"with {case}, in {steps} steps")
                 expect_replicas_equal(replicas, names, f"with {case}, after {steps} steps")
                 expect_parameters(replicas[0].parameters(), expected, names, start,
@@ -134,7 +142,7 @@ def check_allreduce_sgd_step(allreduce_sgd_step, lr=0.1, steps=2):
         for index, (name, (model, loss_fn, x, y)) in enumerate(cases):
             start = [p.detach().double().clone() for p in model.parameters()]
             expected = sgd_steps(model, loss_fn, x, y, lr, steps)
-            sizes = split_sizes(len(x), world)
+            sizes = chunk_sizes(len(x), world)
             for rank in range(world):
                 params, seen = results[rank][index]
                 what = f"rank {rank}: with {name} over {world} ranks"

@@ -51,6 +51,18 @@ from dpcourse.toys.models import loss_fn
 
 # --------------------------------------------------------------------------- simulations
 
+REFERENCES = {
+    "topk_compress": "torch.topk of the magnitudes on exact (dyadic) gradients; 8 bytes per kept entry",
+    "topk_all_reduce": "simulate_topk: the N workers with their residuals in one process, summed in rank "
+                       "order; the all-gather's bytes",
+    "powersgd_hook": "simulate_powersgd: P, orthonormal P, Q averaged, warm start, error feedback, in "
+                     "float64 in one process; the all-reduce sizes of P and Q",
+    "local_sgd": "simulate_local_sgd: N replicas of plain SGD on their shares, averaged after steps H, "
+                 "2H, ...; one all-reduce per averaging",
+    "async_sgd": "simulate_async: theta_{t+1} = theta_t - lr grad_t(theta_{max(0, t - delay)}) on batch t; "
+                 "the server's p2p messages",
+}
+
 
 def simulate_topk(grads, k, error_feedback=True):
     """[(average, [residual of each rank]) per step]: N workers in one process (see the docstring)."""

@@ -7,6 +7,12 @@ from dpcourse import launch
 from dpcourse.checks.core import expect_equal
 from dpcourse.checks.ranks import expect_per_rank
 
+# What each exercise's expected values come from (autograder/exercises.json lists them).
+REFERENCES = {
+    "my_slice": "index arithmetic in the check: rows i of the data with i % N == r",
+    "global_mean": "the float64 mean of all ranks' shards concatenated, computed in the check",
+}
+
 
 def check_my_slice(my_slice):
     for length, world in [(10, 3), (3, 4), (7, 1), (13, 5), (1, 2)]:

@@ -28,6 +28,19 @@ from dpcourse.topics.pipeline.runner import PipelineCase, run_pipeline_cases
 from dpcourse.topics.pipeline.schedules import format_order, gpipe_schedule
 from dpcourse.topics.pipeline.stages import layer_stack
 
+# What each exercise's expected values come from (autograder/exercises.json lists them).
+REFERENCES = {
+    "partition_layers": "every contiguous partition of the layers, tried by brute force",
+    "naive_pipeline_step": "one process running the whole float64 model on the whole batch "
+                           "(dpcourse.checks.pipeline.reference_step); the messages a pipeline is defined by",
+    "gpipe_step": "one process running the whole float64 model on the whole batch; the messages of each "
+                  "micro-batch; the activations autograd kept (StageWatch)",
+    "one_f_one_b": "reference_one_f_one_b (Megatron-LM's warm-up, steady state, cool-down), checked against "
+                   "torch's Schedule1F1B",
+    "run_schedule": "one process running the whole float64 model on the whole batch; the order a schedule "
+                    "lists, and the activations autograd kept",
+}
+
 GROUP_TIMEOUT = TIMEOUTS["p2p_deadlock"]
 
 # --------------------------------------------------------------------------- 1. partition_layers

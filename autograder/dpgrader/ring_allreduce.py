@@ -14,6 +14,14 @@ from dpcourse.comm.calls import run_cases
 from dpcourse.comm.traffic import expect_ring_traffic
 from dpcourse.reference.splits import chunk_bounds
 
+# What each exercise's expected values come from (autograder/exercises.json lists them).
+REFERENCES = {
+    "ring_reduce_scatter": "dist.all_reduce on the same ranks, outside the recorder: chunk r of its sum; "
+                           "a ring's messages and bytes (dpcourse.comm.traffic.ring_budget)",
+    "ring_all_gather": "the full tensor whose chunk r rank r was handed; a ring's messages and bytes",
+    "ring_all_reduce": "dist.all_reduce on the same ranks, outside the recorder; a ring's messages and bytes",
+}
+
 GROUPS = ([[0, 2], [1, 3]], [[1, 2, 3]])  # sub-groups tried on 4 ranks
 
 

@@ -29,6 +29,17 @@ from dpcourse.topics.tensor.checks import (
 from dpcourse.topics.tensor.models import inputs
 from dpcourse.topics.tensor.runs import run_module_cases, run_operator_cases, run_training
 
+# What each exercise's expected values come from (autograder/exercises.json lists them).
+REFERENCES = {
+    "copy_to_tp": "torch.distributed's semantics written out (f: identity forward, all-reduce backward)",
+    "reduce_from_tp": "torch.distributed's semantics written out (g: all-reduce forward, identity backward)",
+    "gather_from_tp": "torch.distributed's semantics written out (all-gather forward, slice backward)",
+    "column_parallel_linear": "the unsharded float64 nn.Linear on the same input, and its gradients",
+    "row_parallel_linear": "the unsharded float64 nn.Linear on the same input, and its gradients",
+    "tensor_parallel_mlp": "the unsharded float64 MLP, and the same MLP trained in one process",
+    "tensor_parallel_attention": "the unsharded float64 attention block, and its gradients",
+}
+
 WORLDS = {1: [None], 2: [None, [[0, 1]]], 4: [[[0, 1], [2, 3]], [[0, 2], [1, 3]], None]}
 F64 = 8
 

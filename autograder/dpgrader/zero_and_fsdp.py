@@ -14,6 +14,16 @@ judged whole.
 from dpcourse.topics.zero.checks import expect_fsdp, expect_zero1, expect_zero2
 from dpcourse.topics.zero.runs import fsdp_run, launch_run, model_label, zero1_run, zero2_run
 
+# What each exercise's expected values come from (autograder/exercises.json lists them).
+REFERENCES = {
+    "sharded_optimizer": "one process trained in float64 on the same global batches; shards by chunk_bounds; "
+                         "the ring bytes of an all-gather",
+    "reduce_scatter_gradients": "one process trained in float64 on the same global batches; shards by "
+                                "chunk_bounds; the ring bytes of a reduce-scatter",
+    "mini_fsdp": "one process trained in float64 on the same global batches; the FlatUnit log (at most two "
+                 "units unsharded); the ring bytes of all-gathers and reduce-scatters",
+}
+
 NARROW = ("deep_mlp", {"width": 5})  # 147 parameters: uneven shards on 2 and 4 ranks
 
 

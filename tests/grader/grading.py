@@ -9,14 +9,42 @@ assignment go through one `grade.py` run (one nbgrader autograde, several
 import importlib
 import json
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import nbformat
 
 from conftest import REPO
 
 ASSIGNMENTS = sorted(p.name for p in (REPO / "solutions").glob("[0-9]*") if p.is_dir())
+# What grading gave, recorded: per assignment, per graded notebook, per cell (record_grades.py writes it)
+EXPECTED_GRADES = Path(__file__).resolve().parent / "expected_grades.json"
+# Parts of a message that change from run to run, and what they are compared as
+VOLATILE = [
+    (re.compile(r"\d+(\.\d+)? ms\b"), "<t> ms"),
+    (re.compile(r"took \d+(\.\d+)? s\b"), "took <t> s"),
+    (re.compile(r"(/var)?/tmp/[^\s'\"),]+"), "<tmp>"),
+    (re.compile(r"\bpid \d+"), "pid <n>"),
+    # which rank's failure the launcher saw first (the others are listed after it)
+    (re.compile(r"\brank \d+ of (\d+) (raised|was killed|gave up)"), r"rank <r> of \1 \2"),
+    (re.compile(r"\(so did ranks? [\d, and]+\)"), "(so did <ranks>)"),
+]
+# Cells of planted bugs that are races themselves (threads finishing in any order, a gradient read while
+# its all-reduce may or may not be done, several ranks failing at once): what they show changes from run
+# to run, so the table is not compared on them ("message": the first line only; "result": points too).
+# The bug's `loses` pins what is certain.
+FINISHING_ORDER = ("02_dataparallel", "drops_non_tensors_and_gathers_in_finishing_order")
+NEVER_WAITS = ("05_ddp_from_scratch", "no_buffers__same_data__bias_skipped__never_waits")
+UNSTABLE = {
+    (*FINISHING_ORDER, "test_mini_data_parallel_basic"): "result",
+    (*FINISHING_ORDER, "test_mini_data_parallel_edge_cases"): "message",
+    (*NEVER_WAITS, "test_bucketed_ddp_basic"): "result",
+    # every rank's receive is refused; which refusal the launcher reports first varies
+    ("04_ring_allreduce", "wrong_peer_broadcast_default_group_bypass", "test_ring_reduce_scatter_edge_cases"):
+        "message",
+}
 
 
 def notebook_name(assignment):
@@ -32,10 +60,10 @@ def released_path(assignment):
 
 
 def variants_of(assignment):
-    """The planted bugs of an assignment: {name: {"cells": {grade_id: source}, "loses", "keeps"}}.
+    """The graded variants of an assignment: {name: {"cells": {grade_id: source}, "loses", "keeps"}}.
 
-    A variants module holds either BUGS, a list of planted.Bug (edits of the solution), or the
-    older VARIANTS dict of whole cells.
+    A variants module holds either BUGS, a list of planted.Bug (edits of the solution) and
+    planted.Variant (several bugs graded in one notebook), or the older VARIANTS dict of whole cells.
     """
     try:
         module = importlib.import_module(f"variants.v{assignment}")
@@ -43,10 +71,12 @@ def variants_of(assignment):
         return {}
     if hasattr(module, "BUGS"):
         names = [bug.name for bug in module.BUGS]
+        names += [inner.name for bug in module.BUGS for inner in getattr(bug, "bugs", [])]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         assert not duplicates, f"planted bugs of {assignment} share names: {duplicates}"
         return {bug.name: {"cells": bug.cell_sources(assignment), "loses": bug.loses, "keeps": bug.keeps,
-                           "exercise": bug.exercise} for bug in module.BUGS}
+                           "exercise": bug.exercise, "exercises": getattr(bug, "exercises", [bug.exercise])}
+                for bug in module.BUGS}
     return module.VARIANTS
 
 
@@ -93,3 +123,50 @@ def cell(result, grade_id):
     found = [c for c in result["cells"] if c["grade_id"] == grade_id]
     assert found, f"no graded cell {grade_id} in {result['notebook']}: {json.dumps(result)[:500]}"
     return found[0]
+
+
+def first_line(message):
+    """The first line of a grading message, with timings, pids and temporary paths normalised."""
+    line = (message or "").strip().splitlines()[0] if (message or "").strip() else ""
+    for pattern, replacement in VOLATILE:
+        line = pattern.sub(replacement, line)
+    return line
+
+
+def table_of(graded):
+    """{notebook name: {grade_id: {points, max_points, message}}}: what expected_grades.json holds."""
+    return {name: {c["grade_id"]: {"points": c["points"], "max_points": c["max_points"],
+                                   "message": first_line(c["message"])} for c in result["cells"]}
+            for name, result in graded.items()}
+
+
+def differences(graded, expected, assignment=None):
+    """How a grading run differs from the recorded table: a list of sentences (empty if it does not).
+
+    Written answers are left out (graded by hand). The judge grades a planted bug only on the
+    cells it lists (loses and keeps), so a variant is compared on the cells it was graded on; the
+    solution and the released notebook on all of theirs. UNSTABLE cells are compared on less.
+    """
+    got, problems = table_of(graded), []
+    for name in sorted(set(expected) - set(got)):
+        problems.append(f"{name}: recorded in expected_grades.json but not graded (renamed or removed?)")
+    for name in sorted(set(got) - set(expected)):
+        problems.append(f"{name}: graded but not recorded in expected_grades.json (record it: "
+                        f"tests/grader/record_grades.py)")
+    manual = {c["grade_id"] for result in graded.values() for c in result["cells"] if c["manual"]}
+    for name in sorted(set(got) & set(expected)):
+        cells = {k: v for k, v in got[name].items() if k not in manual}
+        want = {k: v for k, v in expected[name].items() if k not in manual}
+        unrecorded = set(cells) - set(want)
+        ungraded = set(want) - set(cells) if name in ("solution", "released") else set()
+        if unrecorded or ungraded:
+            problems.append(f"{name}: graded cells {sorted(cells)}, recorded {sorted(want)}")
+        for grade_id in sorted(set(cells) & set(want)):
+            unstable = UNSTABLE.get((assignment, name, grade_id))
+            fields = {None: ("points", "max_points", "message"), "message": ("points", "max_points"),
+                      "result": ("max_points",)}[unstable]
+            for field in fields:
+                if cells[grade_id][field] != want[grade_id][field]:
+                    problems.append(f"{name}, {grade_id}: {field} {cells[grade_id][field]!r}, recorded "
+                                    f"{want[grade_id][field]!r}")
+    return problems

@@ -19,14 +19,25 @@ the exercise and the bug named) when the solution changes under it.
 `source` replaces the exercise's cell whole (a real rewrite); `cells` replaces any other cells
 by grade id. `loses`: test cell -> a fragment its failure message must contain (and 0 points);
 `keeps`: test cells that must still get full marks.
+
+Bugs in different exercises can share one graded notebook, `Variant(name, [Bug, ...])`: one
+notebook through nbgrader instead of one per bug keeps the grading tests fast. Each bug keeps
+its own `loses` and `keeps` (about its own exercise's test cells); the variant must lose and
+keep all of them.
+
+    BUGS = [Variant("sums_instead_of_averaging", [
+        Bug("data_parallel_gradient", "gradient_sum", patch=[...], loses={...}),
+        Bug("simulated_dp_step", "summed_gradients", patch=[...], loses={...}),
+    ])]
 """
 
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import nbformat
 
-from conftest import REPO
+REPO = Path(__file__).resolve().parents[2]
 
 SOLUTION_MARKERS = re.compile(r"^[ \t]*### (BEGIN|END) SOLUTION[ \t]*(\n|$)", re.M)
 
@@ -65,3 +76,38 @@ def solution_code(assignment, exercise):
         if cell.metadata.get("nbgrader", {}).get("grade_id") == exercise:
             return SOLUTION_MARKERS.sub("", cell.source)
     raise AssertionError(f"{assignment} has no cell with grade id {exercise!r}")
+
+
+@dataclass
+class Variant:
+    """Several planted bugs, in different exercises, graded together in one notebook."""
+
+    name: str
+    bugs: list
+
+    exercise = None  # several: see `exercises`
+
+    @property
+    def exercises(self):
+        return [bug.exercise for bug in self.bugs]
+
+    @property
+    def loses(self):
+        merged = {}
+        for bug in self.bugs:
+            clash = set(merged) & set(bug.loses)
+            assert not clash, f"variant {self.name!r}: two bugs claim the test cells {sorted(clash)}"
+            merged.update(bug.loses)
+        return merged
+
+    @property
+    def keeps(self):
+        return [grade_id for bug in self.bugs for grade_id in bug.keeps]
+
+    def cell_sources(self, assignment):
+        cells = {}
+        for bug in self.bugs:
+            for grade_id, source in bug.cell_sources(assignment).items():
+                assert grade_id not in cells, f"variant {self.name!r}: two bugs replace the cell {grade_id!r}"
+                cells[grade_id] = source
+        return cells

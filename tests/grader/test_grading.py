@@ -1,10 +1,15 @@
 """Every assignment graded for real: the solution gets full marks, the released notebook and each
-planted bug lose points, with messages that say what is wrong."""
+planted bug lose points, with messages that say what is wrong, and every cell of every graded
+notebook scores and reads (first line) as recorded in expected_grades.json."""
+
+import json
 
 import pytest
 
-from grading import ASSIGNMENTS, cell, variants_of
+from grading import ASSIGNMENTS, EXPECTED_GRADES, cell, differences, first_line, variants_of
 from judging import judged_assignment
+
+EXPECTED = json.loads(EXPECTED_GRADES.read_text())
 
 
 @pytest.mark.parametrize("assignment", ASSIGNMENTS)
@@ -43,9 +48,27 @@ def test_solution_full_marks_released_zero_and_planted_bugs_lose_points(assignme
             got = cell(result, grade_id)
             if got["points"] != got["max_points"]:
                 problems.append(f"variant {name}: {grade_id} should still pass: {got['message'][:300]}")
+
+    # the same points and the same first lines as recorded (a deliberate change re-records the table)
+    if assignment in EXPECTED:
+        problems += [f"not as recorded: {line}"
+                     for line in differences(graded, EXPECTED[assignment], assignment)]
     assert not problems, "\n".join(problems)
 
 
 def test_every_assignment_has_planted_bugs():
     missing = [a for a in ASSIGNMENTS if len(variants_of(a)) < 3]
     assert not missing, f"assignments with fewer than 3 planted bugs: {missing}"
+
+
+
+def test_first_lines_are_compared_without_what_changes_from_run_to_run():
+    raised = "LaunchError: rank 3 of 4 raised ValueError: x (so did ranks 0, 1 and 2)\nTraceback"
+    assert first_line(raised) == "LaunchError: rank <r> of 4 raised ValueError: x (so did <ranks>)"
+    timed = "started 1.25 ms after; it took 0.62 s (torch.save to /tmp/tmpab_c/checkpoint.pt)"
+    assert first_line(timed) == "started <t> ms after; it took <t> s (torch.save to <tmp>)"
+    passed = {"points": 1.0, "max_points": 1.0, "message": "passed"}
+    graded = {"solution": {"cells": [{"grade_id": "t", "manual": False, **passed}]}}
+    assert differences(graded, {"solution": {"t": passed}}) == []
+    assert differences(graded, {"solution": {"t": {**passed, "points": 0.0}}}) == [
+        "solution, t: points 1.0, recorded 0.0"]

@@ -32,6 +32,7 @@ from dpcourse.runtime.cluster import (
     export_function,
     free_port,
     parse_args,
+    pick_backend,
     shell_line,
     slurm_script,
     torchrun_command,
@@ -122,7 +123,8 @@ def test_expect_same_state_names_the_entry_and_accepts_the_ddp_prefix():
     state = {"a.weight": torch.zeros(2), "b": torch.ones(1)}
     expect_same_state({"module.a.weight": torch.zeros(2), "module.b": torch.ones(1)}, state, "x")
     assert strip_module_prefix({"module.k": 1}) == {"k": 1}
-    with pytest.raises(AssertionError, match=r"rank 1: p: 'b' differs .* by up to 0.5 \(hint\)"):
+    message = r"rank 1: p: b is tensor\(\[1.5\].* \(largest difference 0.5\) .*\(hint\)$"
+    with pytest.raises(AssertionError, match=message):
         expect_same_state({"a.weight": torch.zeros(2), "b": torch.tensor([1.5])}, state, "p", rank=1,
                           hint="hint")
     with pytest.raises(AssertionError, match="return model.module.state_dict"):
@@ -234,6 +236,18 @@ def test_torchrun_commands():
 def test_parse_args_defaults():
     args = parse_args(["my:fn", "--checkpoint-dir", "c"])
     assert (args.target, args.samples, args.global_batch, args.dtype) == ("my:fn", 512, 32, "float32")
+
+
+def test_the_torchrun_driver_picks_its_backend_by_the_course_rule(monkeypatch):
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("DPCOURSE_BACKEND", "gloo")
+    assert pick_backend() == "gloo" and pick_backend("gloo") == "gloo"
+    monkeypatch.delenv("DPCOURSE_BACKEND")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    assert pick_backend() == ("nccl" if gpus >= 2 and torch.distributed.is_nccl_available() else "gloo")
+    if gpus < 2:
+        with pytest.raises(ValueError, match="one GPU per rank"):
+            pick_backend("nccl")
 
 
 def exported_example(a, b=2):

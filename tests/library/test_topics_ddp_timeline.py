@@ -11,7 +11,7 @@ from dpcourse.topics.ddp.timeline import (  # noqa: E402
     exposed_communication,
     plot_timeline,
     record_timelines,
-    timeline_widget,
+    timeline_explorer,
 )
 from dpcourse.toys.models import deep_mlp  # noqa: E402
 from dpgrader.ddp_from_scratch import expected_buckets  # noqa: E402
@@ -35,7 +35,7 @@ def test_a_recorded_step_shows_layers_buckets_and_overlap():
         small = summaries[0]
         assert small["comms"][0][2] < small["marks"]["backward_end"], "the first bucket overlaps backward"
     assert plot_timeline([s[0] for s in per_rank]) is not None
-    assert timeline_widget(per_rank, CAPS) is not None
+    assert timeline_explorer(per_rank, CAPS) is not None
 
 
 def _torch_like(module):

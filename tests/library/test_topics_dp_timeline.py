@@ -18,9 +18,9 @@ from dpcourse.topics.data_parallel.replicas import cpu_devices, replicate  # noq
 from dpcourse.topics.data_parallel.timeline import (  # noqa: E402
     PHASES,
     describe_phase,
+    phase_explorer,
     plot_timeline,
     record_iteration,
-    step_through,
 )
 from dpcourse.toys.models import mlp  # noqa: E402
 
@@ -66,7 +66,7 @@ def test_iteration_has_every_phase_and_one_lane_per_replica():
         assert phase in describe_phase(timeline, phase, {"replicate": 7e8})
     assert "700.0 MB" in describe_phase(timeline, "replicate", {"replicate": 7e8})
     plot_timeline(timeline, upto="gather")
-    step_through(timeline)
+    phase_explorer(timeline)
     plt.close("all")
 
 

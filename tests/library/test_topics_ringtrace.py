@@ -1,35 +1,16 @@
-"""ringtrace: a recorded ring replays step by step from what the ranks really did."""
+"""ringtrace: a recorded ring replays step by step from what the ranks really did (the textbook ring of
+notebook 04, as dpgrader.tuned.ring writes it)."""
 
 import matplotlib
-import torch
-import torch.distributed as dist
 
 from dpcourse.topics.collectives.ringtrace import RingReplay, record_ring
+from dpgrader.tuned.ring import textbook_reduce_scatter, textbook_ring_all_reduce
 
 matplotlib.use("Agg")
 
 
-def ring(tensor, group=None, all_gather=True):
-    world, rank = dist.get_world_size(group), dist.get_rank(group)
-    chunks = tensor.view(-1).tensor_split(world)
-    right, left = (rank + 1) % world, (rank - 1) % world
-    incoming = torch.empty_like(chunks[0])
-    for step in range(world - 1):
-        send_i, recv_i = (rank - step - 1) % world, (rank - step - 2) % world
-        buffer = incoming[:chunks[recv_i].numel()]
-        works = [dist.irecv(buffer, group_src=left), dist.isend(chunks[send_i], group_dst=right)]
-        for work in works:
-            work.wait()
-        chunks[recv_i].add_(buffer)
-    for step in range(world - 1 if all_gather else 0):
-        send_i, recv_i = (rank - step) % world, (rank - step - 1) % world
-        works = [dist.irecv(chunks[recv_i], group_src=left), dist.isend(chunks[send_i], group_dst=right)]
-        for work in works:
-            work.wait()
-
-
 def test_a_ring_all_reduce_replays_its_steps_and_ends_complete():
-    replay = RingReplay(record_ring(ring, 3, 5))
+    replay = RingReplay(record_ring(textbook_ring_all_reduce, 3, 5))
     assert replay.steps == 4 and replay.complete()
     assert replay.chunks == [(0, 2), (2, 4), (4, 5)]
     for rank in range(3):  # before the first step each rank holds only its own data
@@ -50,7 +31,7 @@ def test_a_ring_all_reduce_replays_its_steps_and_ends_complete():
 
 
 def test_a_ring_without_its_all_gather_is_shown_incomplete():
-    replay = RingReplay(record_ring(ring, 4, 8, all_gather=False))
+    replay = RingReplay(record_ring(textbook_reduce_scatter, 4, 8))
     assert replay.steps == 3 and not replay.complete()
     assert [replay.complete_chunks(r) for r in range(4)] == [[0], [1], [2], [3]]
     assert "complete chunks -- rank 0: 0; rank 1: 1; rank 2: 2; rank 3: 3" in replay.caption(3)

@@ -84,10 +84,13 @@ def test_exercise_index_and_readme_table_are_fresh():
     assert proc.returncode == 0, proc.stdout
     index = json.loads((REPO / "autograder" / "exercises.json").read_text())
     first = next(e for e in index if e["solution"] == "my_slice")
-    assert first == {"assignment": "00_orientation",
-                     "notebook": "solutions/00_orientation/00_orientation.ipynb", "kind": "code",
-                     "solution": "my_slice", "tests": ["test_my_slice_basic", "test_my_slice_edge_cases"],
-                     "points": 3.0, "function": "my_slice", "signature": "my_slice(data)"}
+    assert {k: v for k, v in first.items() if k not in ("planted_bugs", "reference")} == {
+        "assignment": "00_orientation", "notebook": "solutions/00_orientation/00_orientation.ipynb",
+        "kind": "code", "solution": "my_slice", "tests": ["test_my_slice_basic", "test_my_slice_edge_cases"],
+        "points": 3.0, "function": "my_slice", "signature": "my_slice(data)",
+        "hidden_checks": ["dpgrader.orientation.check_my_slice"],
+        "helpers": ["dpcourse.checks.ranks", "dpcourse.runtime.launcher"]}
+    assert first["reference"], first
 
 
 def test_grade_explains_a_file_that_is_not_a_notebook(tmp_path):

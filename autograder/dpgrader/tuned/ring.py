@@ -18,7 +18,8 @@ ratios against gloo's `dist.all_reduce` in the same run):
     ranks, where both directions of the ring join the same two processes, this took the ring
     from 0.9-1.05x to 1.0-1.3x gloo's all-reduce at 4-64 MiB; on 4 ranks it changed nothing
     measurable.
-`textbook_ring_all_reduce` is the notebook's solution (irecv+isend, wait, add, next step),
+`textbook_ring_all_reduce` is the notebook's solution (irecv+isend, wait, add, next step; its two
+halves `textbook_reduce_scatter` and `textbook_all_gather` are the notebook's two exercises),
 and `naive_all_reduce` notebook 03's (gather to rank 0, add, send back), for comparison.
 """
 
@@ -97,8 +98,8 @@ def _one_direction_each(group, rank, left):
     return pair[rank % 2], pair[left % 2]
 
 
-def textbook_ring_all_reduce(tensor, group=None):
-    """Notebook 04's solution: each step posts irecv + isend, waits on both, then adds."""
+def textbook_reduce_scatter(tensor, group=None):
+    """Notebook 04's ring_reduce_scatter: each step posts irecv + isend, waits on both, then adds."""
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     chunks = tensor.view(-1).tensor_split(world)
     right, left = (rank + 1) % world, (rank - 1) % world
@@ -111,12 +112,25 @@ def textbook_ring_all_reduce(tensor, group=None):
         for work in works:
             work.wait()
         chunks[recv_i].add_(buffer)
+
+
+def textbook_all_gather(tensor, group=None):
+    """Notebook 04's ring_all_gather: chunk r of rank r travels around the ring to every rank."""
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    chunks = tensor.view(-1).tensor_split(world)
+    right, left = (rank + 1) % world, (rank - 1) % world
     for step in range(world - 1):
         send_i, recv_i = (rank - step) % world, (rank - step - 1) % world
         works = [dist.irecv(chunks[recv_i], group=group, group_src=left),
                  dist.isend(chunks[send_i], group=group, group_dst=right)]
         for work in works:
             work.wait()
+
+
+def textbook_ring_all_reduce(tensor, group=None):
+    """Notebook 04's ring_all_reduce: the textbook reduce-scatter, then the textbook all-gather."""
+    textbook_reduce_scatter(tensor, group)
+    textbook_all_gather(tensor, group)
 
 
 def naive_all_reduce(tensor, group=None):

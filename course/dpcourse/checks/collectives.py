@@ -1,25 +1,20 @@
-"""Run a communication exercise on ranks under the recorder, and judge values, messages and bytes.
+"""Judge a communication exercise on what each rank ended with: values, chunks, and whose data it is.
 
-    calls = run_p2p(ring_shift, [torch.full((3,), float(r)) for r in range(4)], exercise="ring_shift")
-    calls[2].result, calls[2].after, calls[2].ops      # what rank 2 returned, its input after, its calls
-    expect_ring_traffic(calls, numel=3, element_size=4, phases=2, what="ring_all_reduce")
+Used by the test cells and hidden checks of notebooks 03 (ring_shift, naive_all_reduce,
+p2p_broadcast, p2p_all_gather) and 04 (the ring reduce-scatter, all-gather and all-reduce), on
+the `Call` records that dpcourse.comm.calls.run_p2p returns.
 
-Why a module: the exercises of notebooks 03-04 are graded on three things -- the values
-each rank ends with, that only point-to-point calls were used (a collective would do the
-work for you), and how many messages and bytes each rank sent (a ring is *defined* by
-them). Each rank runs the learner's function inside `CommRecorder(p2p_only=True)`, so the
-same recorder that forbids `dist.all_reduce` and the process-group bypass also counts
-every `send` and `recv` with its peer and size.
-
-A deadlock must end in seconds with a sentence naming the ranks and the call each was
-stuck in, not with gloo's internals: every rank catches its own timeout ("Timed out
-waiting 3000ms for recv") or the "connection closed" it gets once a peer gives up, and
-reports which call it was blocked in. The caller turns that into one AssertionError.
+Why a module: a collective's result has a structure a plain comparison hides. A reduce-scatter is
+right when chunk r (torch.tensor_split's, dpcourse.reference.splits) on rank r is the sum, an
+all-gather when chunk j came from group rank j, a ring shift when rank r holds rank r-1's input.
+So each check names the rank, the chunk and, when it can tell, what the rank got instead: "rank
+1's tensor", "the sum of chunk 2: is a chunk index off by one?", "still NaN: the chunk never
+arrived". Values are compared with the core's close-check and ratio hint (dpcourse.checks.core).
 """
 
 import torch
 
-from dpcourse.checks.core import describe
+from dpcourse.checks.core import describe, float_hint, is_close
 from dpcourse.comm.calls import members
 from dpcourse.reference.splits import chunk_bounds
 
@@ -48,11 +43,6 @@ def expect_same_bits(calls, what):
                 f"agreed order, or let one rank send its result to the others")
 
 
-def _close(got, expected, atol, rtol):
-    return got.shape == expected.shape and torch.allclose(got.to(expected.dtype), expected, atol=atol,
-                                                          rtol=rtol, equal_nan=False)
-
-
 def _elements(a, b):
     return f"element {a}" if b - a == 1 else f"elements {a}–{b - 1}"
 
@@ -67,19 +57,20 @@ def expect_reduce_scattered(calls, inputs, what, atol=0.0, rtol=0.0):
                                  f"{tuple(c.after.shape)}")
         bounds = chunk_bounds(flat.numel(), c.group_size)
         a, b = bounds[c.group_rank]
-        if _close(flat[a:b], full[a:b], atol, rtol):
+        if is_close(flat[a:b], full[a:b], atol, rtol):
             continue
         hint = ""
         for j, (a2, b2) in enumerate(bounds):
             same_size = j != c.group_rank and b2 - a2 == b - a and b > a
-            if same_size and _close(flat[a:b], full[a2:b2], atol, rtol):
+            if same_size and is_close(flat[a:b], full[a2:b2], atol, rtol):
                 hint = f" -- that is the sum of chunk {j}: is a chunk index off by one?"
         for j, (a2, b2) in enumerate(bounds):
-            if not hint and j != c.group_rank and b2 > a2 and _close(flat[a2:b2], full[a2:b2], atol, rtol):
+            if not hint and j != c.group_rank and b2 > a2 and is_close(flat[a2:b2], full[a2:b2], atol, rtol):
                 hint = (f" -- its chunk {j} holds the full sum instead: is a chunk index off by one? (rank r "
                         f"must end with chunk r)")
         if not hint and torch.equal(flat[a:b], inputs[c.rank].reshape(-1)[a:b].to(flat.device)):
             hint = " -- unchanged from this rank's input: nothing was added into it"
+        hint = hint or float_hint(flat[a:b], full[a:b])
         raise AssertionError(
             f"rank {c.rank} (rank {c.group_rank} of {c.group_size} in its group): after {what}, its chunk "
             f"{c.group_rank} ({_elements(a, b)} of {flat.numel()}) is {describe(flat[a:b])}, expected the "
@@ -117,10 +108,11 @@ def expect_all_reduced(calls, what, atol=0.0, rtol=0.0):
                                  f"{tuple(c.after.shape)}")
         flat, full = c.after.reshape(-1), c.expected.reshape(-1)
         for j, (a, b) in enumerate(chunk_bounds(flat.numel(), c.group_size)):
-            if not _close(flat[a:b], full[a:b], atol, rtol):
+            if not is_close(flat[a:b], full[a:b], atol, rtol):
                 raise AssertionError(
                     f"rank {c.rank}: after {what}, chunk {j} ({_elements(a, b)} of {flat.numel()}) is "
-                    f"{describe(flat[a:b])}, expected {describe(full[a:b])} (dist.all_reduce's sum)")
+                    f"{describe(flat[a:b])}, expected {describe(full[a:b])} (dist.all_reduce's sum)"
+                    f"{float_hint(flat[a:b], full[a:b])}")
 
 
 def expect_from(calls, inputs, source_of, what, attr="result"):

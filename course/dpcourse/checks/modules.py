@@ -1,5 +1,7 @@
 """Checks for a DataParallel-like wrapper: same outputs and same gradients as the plain module.
 
+Used by notebook 02 (the MiniDataParallel and scatter test cells) and its hidden checks.
+
 The reference is the module itself, called once on the whole batch: a
 data-parallel wrapper must be invisible, up to rounding. When it is not, the
 message says how: pieces of the wrong size or on the wrong device, output rows
@@ -9,8 +11,10 @@ not reach the module's parameters.
 
 import torch
 
-from dpcourse.checks.core import describe
+from dpcourse.checks.core import describe, float_hint, is_close
 
+# a wrapper must be invisible up to the rounding of float32 outputs: tighter in atol than the core
+# table's float32 entry, which allows for float32 results against float64 references
 ATOL, RTOL = 1e-5, 1e-4
 
 
@@ -33,12 +37,10 @@ def expect_same_structure(got, expected, what, path=(), devices=None, atol=ATOL,
         if got.shape != expected.shape:
             raise AssertionError(f"{where} has shape {tuple(got.shape)}, expected {tuple(expected.shape)}")
         g, e = got.detach().cpu(), expected.detach().cpu()
-        if g.is_floating_point():
-            same = torch.allclose(g.double(), e.double(), atol=atol, rtol=rtol)
-        else:
-            same = torch.equal(g, e)
+        same = is_close(g, e, atol=atol, rtol=rtol) if g.is_floating_point() else torch.equal(g, e)
         if not same:
-            raise AssertionError(f"{where} is {describe(g)}, expected {describe(e)}{row_order_hint(g, e)}")
+            raise AssertionError(f"{where} is {describe(g)}, expected {describe(e)}{float_hint(g, e)}"
+                                 f"{row_order_hint(g, e)}")
         return
     if isinstance(expected, (tuple, list, dict)):
         if type(got) is not type(expected):
@@ -66,8 +68,7 @@ def row_order_hint(got, expected):
         return ""
     order = []
     for row in got:
-        match = [i for i in range(len(expected))
-                 if torch.allclose(row.double(), expected[i].double(), atol=ATOL, rtol=RTOL)]
+        match = [i for i in range(len(expected)) if is_close(row, expected[i], atol=ATOL, rtol=RTOL)]
         if not match:
             return ""
         order.append(match[0])
@@ -131,7 +132,7 @@ def expect_like_module(wrapper, module, args, kwargs=None, what="the wrapper", o
             continue
         if g is None:
             raise AssertionError(f"after backward through {what}, {name} got no gradient")
-        if not torch.allclose(g.detach().cpu().double(), e.detach().cpu().double(), atol=ATOL, rtol=RTOL):
-            raise AssertionError(f"after backward through {what}, the gradient of {name} is "
-                                 f"{describe(g.detach().cpu())}, expected {describe(e.detach().cpu())} "
-                                 f"(the plain module's)")
+        g, e = g.detach().cpu(), e.detach().cpu()
+        if not is_close(g, e, atol=ATOL, rtol=RTOL):
+            raise AssertionError(f"after backward through {what}, the gradient of {name} is {describe(g)}, "
+                                 f"expected {describe(e)} (the plain module's){float_hint(g, e)}")

@@ -1,45 +1,61 @@
-"""Small models, generated data and the single-process reference that DDP exercises are checked against.
+"""Compare gradients, parameters and whole model states with a reference, and say *how* they differ.
 
-The one fact behind every DDP check: N ranks that start from the same model, each
-run backward on its own shard of a global batch and average their gradients,
-take exactly the step one process takes on the whole global batch. So a DDP
-implementation is correct when, after several steps, its parameters equal those
-of `train_single_process` on the same global batches -- parameter by parameter.
+Used by the test cells of notebooks 01 (gradients and parameters against float64 single-process
+math) and 05 (a DDP rank's state against one process trained on the same global batches), and by
+their hidden checks.
 
-Why float64 by default: averaging N shard means and taking one mean over the
-global batch add numbers in different orders. In float32 the two differ by
-~1e-7 and the difference grows with steps; in float64 it stays near 1e-15, so a
-tolerance of 1e-9 separates "right" from "wrong by a factor of N" with no doubt.
-
-Why generated data: no downloads, and every rank (and the reference) can rebuild
-exactly the same tensors from a seed.
+Data-parallel bugs have signatures: summing instead of averaging makes every gradient N times too
+big, an update applied twice moves parameters twice as far, a gradient read before its all-reduce
+finished is the local one divided by N, a replica that never synchronises drifts away from the
+others. Each check recognises the signature it can see and names it, on top of the comparison core
+(dpcourse.checks.core: one message style, one tolerance table).
 """
 
 import torch
 
-from dpcourse.checks.core import ATOL, RTOL, describe, expect_close, ratio_hint
+from dpcourse.checks.core import (
+    describe,
+    expect_close,
+    float_hint,
+    is_close,
+    rank_prefix,
+    ratio_hint,
+    shorten,
+    tolerance,
+)
+from dpcourse.reference.training import strip_module_prefix
 
 
-def expect_same_state(got, expected, what, rank=None, atol=1e-9):
-    """Assert two states hold the same tensors (within atol); name the first tensor that differs."""
-    where = f"rank {rank}: " if rank is not None else ""
-    missing = [name for name in expected if name not in got]
-    if missing:
-        raise AssertionError(f"{where}{what}: no tensor named {missing[0]!r}")
+def expect_same_state(got, expected, what, rank=None, atol=None, rtol=None, hint=""):
+    """Compare two states ({name: tensor}, e.g. state_dicts) entry by entry; name the first that differs.
+
+    A DDP model's 'module.' prefix is ignored. Tolerance: the table's for the dtypes, or atol/rtol
+    (atol alone: an absolute bound; atol=0: bit for bit). `hint` ends the message on a mismatch of values.
+    """
+    where = rank_prefix(rank)
+    if not isinstance(got, dict):
+        raise AssertionError(f"{where}{what} should be a state_dict (a dict of tensors), got "
+                             f"{type(got).__name__}")
+    got, expected = strip_module_prefix(got), strip_module_prefix(expected)
+    if set(got) != set(expected):
+        entries = [f"[{shorten(sorted(state), 6, more='...')}]" for state in (got, expected)]
+        raise AssertionError(f"{where}{what} has entries {entries[0]}, expected {entries[1]} (return "
+                             f"model.module.state_dict())")
     for name, want in expected.items():
         have = got[name]
+        if not isinstance(have, torch.Tensor):
+            raise AssertionError(f"{where}{what}: {name} is {describe(have)[:200]}, expected a tensor of "
+                                 f"shape {tuple(want.shape)}")
+        have = have.detach().cpu()
         if have.shape != want.shape:
             raise AssertionError(f"{where}{what}: {name} has shape {tuple(have.shape)}, expected "
                                  f"{tuple(want.shape)}")
-        if want.is_floating_point():
-            diff = (have.double() - want.double()).abs().max().item() if want.numel() else 0.0
-            ok = diff <= atol
-        else:
-            diff, ok = None, torch.equal(have, want)
-        if not ok:
-            how_far = f" (largest difference {diff:.3g})" if diff is not None else ""
-            raise AssertionError(f"{where}{what}: {name} is {describe(have)}, expected "
-                                 f"{describe(want)}{how_far}")
+        if not is_close(have, want, atol=atol, rtol=rtol):
+            gap = ""
+            if want.is_floating_point() and want.numel():
+                gap = f" (largest difference {(have.double() - want.double()).abs().max().item():.3g})"
+            raise AssertionError(f"{where}{what}: {name} is {describe(have)}, expected {describe(want)}{gap}"
+                                 f"{float_hint(have, want)}" + (f" ({hint})" if hint else ""))
 
 
 def expect_identical_across_ranks(states, what="parameters"):
@@ -63,8 +79,11 @@ def expect_averaged_gradients(got, average, local, world_size, what, rank=None, 
     them was never all-reduced, one that is N times the average was summed and not
     divided, one that is local/N was divided but the all-reduce had not finished.
     """
-    where = f"rank {rank}: " if rank is not None else ""
-    close = lambda a, b: a.shape == b.shape and (a.double() - b.double()).abs().max().item() <= atol
+    where = rank_prefix(rank)
+
+    def close(a, b):
+        return is_close(a, b, atol=atol)
+
     for name, want in average.items():
         have = got.get(name)
         if want is None:
@@ -105,11 +124,12 @@ def expect_parameters(got, expected, names, start, what):
     if len(got) != len(expected):
         raise AssertionError(f"{what}: {len(got)} parameters, expected {len(expected)}")
     for name, g, e, s in zip(names, got, expected, start, strict=True):
+        atol, rtol = tolerance(g.dtype, e.dtype)
         g = g.detach().cpu().double()
         e, s = e.detach().cpu().double(), s.detach().cpu().double()
         if g.shape != e.shape:
             raise AssertionError(f"{what}: {name} has shape {tuple(g.shape)}, expected {tuple(e.shape)}")
-        if not torch.allclose(g, e, atol=ATOL, rtol=RTOL):
+        if not is_close(g, e, atol=atol, rtol=rtol):
             hint = ""
             if torch.equal(g, s):
                 hint = " (it did not move at all)"

@@ -1,5 +1,7 @@
 """Checks the visible test cells use: run a function on ranks, compare rank by rank.
 
+Used by the test cells of notebooks 00, 01 and 03 and the hidden checks of 00.
+
 Every failure says which rank, what it returned and what was expected, so a
 learner reads the fix off the message instead of a bare `assert`.
 """

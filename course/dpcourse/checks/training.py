@@ -1,29 +1,23 @@
-"""The yardstick for a DDP training run: one process training on the same global batches.
+"""Checks of a data-parallel training run against one process trained on the same global batches.
 
-Data-parallel training with N ranks, a DistributedSampler and a per-rank batch
-of B / N is, step for step, the same computation as one process training on
-batches of B -- if every rank does its part right. So a DDP run is checked by
-replaying it in one process:
+Used by the test cells and hidden checks of notebooks 05 (expect_single_process_equivalence: first
+gradients averaged, ranks identical, parameters equal to one process after several steps) and 06
+(train_ddp: DistributedSampler's order, epoch losses, who writes the checkpoint).
 
-  * `sampler_orders` asks torch's own DistributedSampler (one per virtual rank,
-    no process group needed) which samples each rank takes in an epoch;
-  * `global_order` interleaves them back: global batch k of the DDP run is the
-    slice [k*B, (k+1)*B) of that order, padding included;
-  * `single_process_training` trains on those batches with the same seed,
-    optimizer and loss, and reports the epoch losses the ranks must agree on.
-
-The `expect_*` functions compare a run with it and say what went wrong in the
-words a learner can act on ("call sampler.set_epoch(epoch)", "rank 1 wrote the
-checkpoint"), not just "not equal".
+The references come from dpcourse.reference.training (one training loop); these functions compare
+a run with them and say what went wrong in the words a learner can act on ("call
+sampler.set_epoch(epoch)", "rank 1 wrote the checkpoint"), not just "not equal".
 """
 
 import os
 
 import torch
 
-from dpcourse.checks.params import expect_averaged_gradients, expect_identical_across_ranks
+from dpcourse.checks.core import shorten
+from dpcourse.checks.params import expect_averaged_gradients, expect_identical_across_ranks, expect_same_state
 from dpcourse.reference.gradients import single_process_gradients, state_of
-from dpcourse.reference.training import sampler_orders, sgd, strip_module_prefix, train_single_process
+from dpcourse.reference.splits import ceil_div
+from dpcourse.reference.training import sampler_orders, sgd, train_single_process
 from dpcourse.toys.data import global_batch, my_share
 
 CHECKPOINT = "checkpoint.pt"
@@ -36,28 +30,6 @@ def expect_run_results(results):
             got = sorted(result) if isinstance(result, dict) else type(result).__name__
             raise AssertionError(f"rank {rank}: train_ddp should return a dict with keys 'model', "
                                  f"'seen' and 'losses', got {got}")
-
-
-def expect_same_state(got, expected, what, rank=None, rtol=1e-7, atol=1e-9, hint=""):
-    """Compare two state_dicts entry by entry; name the first entry that differs, and by how much."""
-    where = f"rank {rank}: " if rank is not None else ""
-    if not isinstance(got, dict):
-        raise AssertionError(f"{where}{what} should be a state_dict (a dict of tensors), got "
-                             f"{type(got).__name__}")
-    got, expected = strip_module_prefix(got), strip_module_prefix(expected)
-    if set(got) != set(expected):
-        raise AssertionError(f"{where}{what} has entries {sorted(got)[:6]}, expected "
-                             f"{sorted(expected)[:6]} (return model.module.state_dict())")
-    for name, want in expected.items():
-        have = got[name]
-        if not isinstance(have, torch.Tensor) or have.shape != want.shape:
-            raise AssertionError(f"{where}{what}: entry {name!r} is not a tensor of shape "
-                                 f"{tuple(want.shape)}")
-        have = have.detach().cpu().to(want.dtype)
-        if not torch.allclose(have, want, rtol=rtol, atol=atol):
-            gap = (have - want).abs().max().item()
-            raise AssertionError(f"{where}{what}: {name!r} differs from the single-process "
-                                 f"reference by up to {gap:.3g}" + (f" ({hint})" if hint else ""))
 
 
 def expect_losses(results, expected, what="the epoch losses", rel=1e-9):
@@ -96,20 +68,20 @@ def expect_sampler_behaviour(results, n, world_size, seed, epochs):
             raise AssertionError(f"rank {rank}: 'seen' should map each epoch trained {epochs} to "
                                  f"the list of sample indices trained on, got {keys!r}")
         seen.append({e: [int(i) for i in record[e]] for e in epochs})
-    per_rank = -(-n // world_size)
+    per_rank = ceil_div(n, world_size)
     for epoch in epochs:
         expected = sampler_orders(n, world_size, seed, epoch)
         if world_size > 1 and all(seen[r][epoch] == seen[0][epoch] for r in range(world_size)):
             raise AssertionError(f"epoch {epoch}: every rank trained on the same samples "
-                                 f"{_short(seen[0][epoch])}: each rank must take its own shard "
+                                 f"{_indices(seen[0][epoch])}: each rank must take its own shard "
                                  "(a DistributedSampler in the DataLoader)")
         counts = torch.bincount(torch.tensor([i for r in range(world_size) for i in seen[r][epoch]],
                                              dtype=torch.long), minlength=n)
         never = torch.nonzero(counts[:n] == 0).flatten().tolist()
         if never or sum(len(seen[r][epoch]) for r in range(world_size)) != per_rank * world_size:
             twice = torch.nonzero(counts > 1).flatten().tolist()
-            raise AssertionError(f"epoch {epoch}: samples {_short(never)} were trained on by no rank "
-                                 f"and {_short(twice)} by several (per-rank counts "
+            raise AssertionError(f"epoch {epoch}: samples {_indices(never)} were trained on by no rank "
+                                 f"and {_indices(twice)} by several (per-rank counts "
                                  f"{[len(seen[r][epoch]) for r in range(world_size)]}, expected "
                                  f"{per_rank} each): every rank's DistributedSampler must shuffle "
                                  f"with the same seed")
@@ -120,14 +92,13 @@ def expect_sampler_behaviour(results, n, world_size, seed, epochs):
                                      f"sampler.set_epoch(epoch) at the start of every epoch")
             if seen[rank][epoch] != expected[rank]:
                 raise AssertionError(f"rank {rank}, epoch {epoch}: trained on "
-                                     f"{_short(seen[rank][epoch])}, expected DistributedSampler's "
-                                     f"order {_short(expected[rank])} (shuffle=True, seed=seed, "
+                                     f"{_indices(seen[rank][epoch])}, expected DistributedSampler's "
+                                     f"order {_indices(expected[rank])} (shuffle=True, seed=seed, "
                                      f"set_epoch(epoch))")
 
 
-def _short(indices, limit=8):
-    shown = ", ".join(map(str, indices[:limit]))
-    return f"[{shown}{', ...' if len(indices) > limit else ''}]"
+def _indices(indices):
+    return f"[{shorten(indices, more='...', fmt=str)}]"
 
 
 def with_save_log(fn, *args, **kwargs):

@@ -1,5 +1,8 @@
 """Record (or forbid) every communication call a rank makes, as the dispatcher sees it.
 
+Used by notebooks 03 and 05 directly, and through comm.calls, topics.collectives.ringtrace and
+topics.ddp.timeline by 03-05 and their hidden checks.
+
     with CommRecorder() as rec:          # inside a rank
         ring_all_reduce(t)
     rec.ops         # [CommOp(op="send", peer=1, nbytes=16, start=..., end=..., group=(0, 1, 2, 3)), ...]

@@ -11,6 +11,8 @@ Used by notebooks 03 and 04.
 import math
 
 from dpcourse.comm.calls import members, world_peer
+from dpcourse.reference.splits import ceil_div
+from dpcourse.viz.tables import print_table
 
 
 def ring_budget(numel, element_size, world_size, phases):
@@ -19,7 +21,7 @@ def ring_budget(numel, element_size, world_size, phases):
     Returns (messages, largest message in bytes, most bytes, ideal bytes = phases·(N-1)/N·S).
     A reduce-scatter or an all-gather is one phase, an all-reduce two.
     """
-    chunk = math.ceil(numel / world_size)
+    chunk = ceil_div(numel, world_size)
     steps = phases * (world_size - 1)
     return (steps, chunk * element_size, steps * chunk * element_size,
             phases * (world_size - 1) / world_size * numel * element_size)
@@ -37,7 +39,7 @@ def expect_ring_traffic(calls, numel, element_size, phases, what):
         steps, largest, most, ideal = ring_budget(numel, element_size, n, phases)
         sent = c.sends
         total = sum(o.nbytes for o in sent)
-        chunk = math.ceil(numel / n)
+        chunk = ceil_div(numel, n)
         formula = (f"2(N-1)/N·S = {2 * (n - 1)}/{n}·S" if phases == 2 else f"(N-1)/N·S = {n - 1}/{n}·S")
         if total > most:
             ratio = f"{total / ideal:.1f}x the bytes of a ring {what}" if ideal else f"{total} bytes"
@@ -79,11 +81,8 @@ def traffic_table(calls):
 
 def print_traffic(calls, title=None):
     """Print who sent how many messages and bytes, straight from the recorder."""
-    if title:
-        print(title)
-    print(f"{'rank':>4} {'sends':>6} {'recvs':>6} {'bytes sent':>11} {'bytes received':>15}")
-    for rank, sends, recvs, sent, received in traffic_table(calls):
-        print(f"{rank:>4} {sends:>6} {recvs:>6} {sent:>11} {received:>15}")
+    print_table(traffic_table(calls), [("rank", 4), ("sends", 6), ("recvs", 6), ("bytes sent", 11),
+                                       ("bytes received", 15)], title)
 
 
 def expect_tree_messages(calls, world, src, what):

@@ -1,5 +1,8 @@
 """Single-process float64 references: what data-parallel code must reproduce.
 
+Used by notebooks 01 (float64 gradients, sgd_steps, batch_norm) and 05 (single_process_gradients,
+state_of), and by their hidden checks.
+
 A test of data-parallel code needs an answer it did not compute itself. The
 answer here is the plain, one-worker computation on the whole batch, in float64
 so that its own rounding is far below the float32 tolerance of the check. None
@@ -10,6 +13,7 @@ import copy
 
 import torch
 
+from dpcourse.reference.training import train_steps
 from dpcourse.toys.models import loss_fn
 
 
@@ -54,12 +58,7 @@ def full_batch_gradient(model, loss_fn, x, y):
 def sgd_steps(model, loss_fn, x, y, lr, steps=1):
     """The parameters after `steps` plain SGD steps (p -= lr * grad) on the whole batch, in float64."""
     ref = as_float64(model)
-    for _ in range(steps):
-        loss = loss_fn(ref(x.cpu().double()), _target(y))
-        grads = torch.autograd.grad(loss, list(ref.parameters()))
-        with torch.no_grad():
-            for p, g in zip(ref.parameters(), grads, strict=True):
-                p -= lr * g
+    train_steps(ref, [(x.cpu().double(), _target(y))] * steps, loss_fn, lr)
     return [p.detach() for p in ref.parameters()]
 
 

@@ -1,22 +1,12 @@
-"""Run a communication exercise on ranks under the recorder, and judge values, messages and bytes.
+"""How the course splits N things over N ranks: one rule, torch.tensor_split's, written out.
 
-    calls = run_p2p(ring_shift, [torch.full((3,), float(r)) for r in range(4)], exercise="ring_shift")
-    calls[2].result, calls[2].after, calls[2].ops      # what rank 2 returned, its input after, its calls
-    expect_ring_traffic(calls, numel=3, element_size=4, phases=2, what="ring_all_reduce")
+Used by notebooks 01-02 (shards and scatter's pieces: the first n % N get one more), 04 (a ring's
+chunks) and the checks and hidden checks of 01-06 that compute expected sizes or chunk bounds.
 
-Why a module: the exercises of notebooks 03-04 are graded on three things -- the values
-each rank ends with, that only point-to-point calls were used (a collective would do the
-work for you), and how many messages and bytes each rank sent (a ring is *defined* by
-them). Each rank runs the learner's function inside `CommRecorder(p2p_only=True)`, so the
-same recorder that forbids `dist.all_reduce` and the process-group bypass also counts
-every `send` and `recv` with its peer and size.
-
-A deadlock must end in seconds with a sentence naming the ranks and the call each was
-stuck in, not with gloo's internals: every rank catches its own timeout ("Timed out
-waiting 3000ms for recv") or the "connection closed" it gets once a peer gives up, and
-reports which call it was blocked in. The caller turns that into one AssertionError.
+Why written out: a check must not borrow the learner's way of splitting, and every place that
+needs "how big is piece i" or "where does chunk i start" asks here instead of redoing the
+arithmetic (where a remainder goes is exactly the off-by-one a ring or a sampler gets wrong).
 """
-
 
 
 def chunk_bounds(length, world_size):
@@ -27,3 +17,13 @@ def chunk_bounds(length, world_size):
         bounds.append((start, start + size))
         start += size
     return bounds
+
+
+def chunk_sizes(length, world_size):
+    """The sizes of torch.tensor_split's N chunks of `length` elements: [3, 3, 2, 2] for 10 over 4."""
+    return [stop - start for start, stop in chunk_bounds(length, world_size)]
+
+
+def ceil_div(numerator, denominator):
+    """⌈numerator / denominator⌉ for integers, exactly: a padded shard, a ring's largest chunk."""
+    return -(-numerator // denominator)

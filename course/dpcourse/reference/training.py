@@ -1,5 +1,8 @@
 """The yardstick for a DDP training run: one process training on the same global batches.
 
+Used by notebooks 05 (train_single_process, through checks.training) and 06
+(single_process_training), and by their hidden checks.
+
 Data-parallel training with N ranks, a DistributedSampler and a per-rank batch
 of B / N is, step for step, the same computation as one process training on
 batches of B -- if every rank does its part right. So a DDP run is checked by
@@ -47,6 +50,7 @@ def global_order(n, world_size, seed, epoch):
 def single_process_training(make_model, dataset, *, epochs, global_batch, lr, seed, world_size):
     """Train make_model() in this process on the global batches N ranks would see together.
 
+    Notebook 06's yardstick: SGD with momentum, cross-entropy, DistributedSampler's order.
     Returns {"model": state_dict, "losses": {epoch: mean loss over the epoch's samples},
     "optimizer": optimizer state_dict}. Losses are accumulated in float64.
     """
@@ -58,14 +62,12 @@ def single_process_training(make_model, dataset, *, epochs, global_batch, lr, se
     losses = {}
     for epoch in range(epochs):
         order = global_order(len(dataset), world_size, seed, epoch)
+        batches = [order[start:start + global_batch] for start in range(0, len(order), global_batch)]
+        batch_losses = train_steps(model, ((dataset.images[b], dataset.labels[b]) for b in batches),
+                                   F.cross_entropy, optimizer)
         total = 0.0
-        for start in range(0, len(order), global_batch):
-            batch = order[start:start + global_batch]
-            loss = F.cross_entropy(model(dataset.images[batch]), dataset.labels[batch])
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            total += loss.item() * len(batch)
+        for loss, batch in zip(batch_losses, batches, strict=True):
+            total += loss * len(batch)
         losses[epoch] = total / len(order)
     return {"model": model.state_dict(), "losses": losses, "optimizer": optimizer.state_dict()}
 
@@ -81,12 +83,34 @@ def sgd(model, lr=0.1):
 
 
 def train_single_process(model, X, Y, steps, global_size, make_optimizer=sgd):
-    """The reference: one process, `steps` optimizer steps on whole global batches. Returns the model."""
-    opt = make_optimizer(model)
+    """Notebook 05's yardstick: `steps` optimizer steps on whole global batches (rows step*B ...
+    (step+1)*B - 1), the course's mean squared error. Returns the model."""
     device = next(model.parameters()).device
-    for step in range(steps):
-        xb, yb = global_batch(X, Y, step, global_size)
-        opt.zero_grad()
-        loss_fn(model(xb.to(device)), yb.to(device)).backward()
-        opt.step()
+    batches = ((xb.to(device), yb.to(device)) for xb, yb in
+               (global_batch(X, Y, step, global_size) for step in range(steps)))
+    train_steps(model, batches, loss_fn, make_optimizer(model))
     return model
+
+
+def train_steps(model, batches, loss_fn, optimizer):
+    """The one single-process training loop: one step per (x, y) in `batches`; returns each batch's loss.
+
+    `optimizer` is a torch optimizer over the model's parameters (zero_grad, backward, step), or
+    a learning rate: plain SGD written out, p -= lr * grad, as notebook 01's learners write it
+    (bit for bit what they compute, which an optimizer's fused update is not).
+    """
+    losses = []
+    params = list(model.parameters())
+    for x, y in batches:
+        loss = loss_fn(model(x), y)
+        if isinstance(optimizer, (int, float)):
+            grads = torch.autograd.grad(loss, params)
+            with torch.no_grad():
+                for p, g in zip(params, grads, strict=True):
+                    p -= optimizer * g
+        else:
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        losses.append(loss.item())
+    return losses

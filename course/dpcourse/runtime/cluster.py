@@ -56,7 +56,8 @@ def parse_args(argv=None):
     parser.add_argument("--checkpoint-dir", required=True)
     parser.add_argument("--out", help="where rank 0 saves what the function returned (torch.save)")
     parser.add_argument("--backend", choices=("gloo", "nccl"), default=None,
-                        help="default: nccl when this node has a GPU per local rank, else gloo")
+                        help="default: nccl when this node has a GPU per local rank, else gloo "
+                             "(DPCOURSE_BACKEND overrides the default)")
     return parser.parse_args(argv)
 
 
@@ -71,12 +72,11 @@ def load_target(target):
 
 
 def pick_backend(requested=None):
-    import torch
+    """The course's one rule (dpcourse.runtime.backend.resolve_backend: DPCOURSE_BACKEND honoured,
+    NCCL only with one GPU per rank) applied to this node's workers (torchrun's LOCAL_WORLD_SIZE)."""
+    from dpcourse.runtime.backend import resolve_backend
 
-    if requested:
-        return requested
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    return "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= local_world else "gloo"
+    return resolve_backend(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), requested)
 
 
 def main(argv=None):

@@ -1,5 +1,7 @@
 """Turn what the ranks left behind into one error that names the rank to blame.
 
+Used by every notebook through launch (LaunchError); 00, 03 and 05 catch it to show a failure.
+
 When one rank raises, its peers fail a few milliseconds later with
 "Connection closed by peer"; when a rank spins, its peers time out waiting for
 it. Both peers are victims. The culprit is the rank whose failure is not a

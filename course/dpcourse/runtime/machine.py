@@ -1,4 +1,7 @@
-"""What this machine offers for distributed training, in one table."""
+"""What this machine offers for distributed training, in one table.
+
+Used by notebook 00 (show_environment).
+"""
 
 import os
 import platform

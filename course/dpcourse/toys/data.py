@@ -1,5 +1,8 @@
 """Generated data sets and small models for the notebooks: no download, the same numbers everywhere.
 
+Used by notebooks 01-02 (line, regression and spiral data) and 05 (smooth regression data,
+my_share), by the references and by the hidden checks.
+
 Data-parallel training is exact arithmetic on batches, so the notebooks need
 batches whose numbers anyone can reproduce: every generator here takes a seed
 and uses its own `torch.Generator`, leaving the global random state alone.

@@ -1,5 +1,7 @@
 """Generated image-like data: an ImageNet stand-in a 2-core laptop trains on in seconds.
 
+Used by notebook 06, its hidden checks and the torchrun driver (runtime.cluster).
+
 The course never downloads anything, so its image classification task is made
 here, from a seed: each image is a grating (stripes) at one of four
 orientations, with a random frequency, phase and contrast, plus noise. The

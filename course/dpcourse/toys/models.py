@@ -1,18 +1,14 @@
-"""Small models, generated data and the single-process reference that DDP exercises are checked against.
+"""Small seeded models: MLPs, a linear layer, and the DDP chapters' models with tricky parameters.
 
-The one fact behind every DDP check: N ranks that start from the same model, each
-run backward on its own shard of a global batch and average their gradients,
-take exactly the step one process takes on the whole global batch. So a DDP
-implementation is correct when, after several steps, its parameters equal those
-of `train_single_process` on the same global batches -- parameter by parameter.
+Used by notebooks 01-02 (mlp, linear, RecordingLoss) and 05 (deep_mlp and the MODELS of the DDP
+checks: buffers, a frozen layer, tied layers, an unused head), by the references and by the hidden
+checks.
 
-Why float64 by default: averaging N shard means and taking one mean over the
-global batch add numbers in different orders. In float32 the two differ by
-~1e-7 and the difference grows with steps; in float64 it stays near 1e-15, so a
-tolerance of 1e-9 separates "right" from "wrong by a factor of N" with no doubt.
-
-Why generated data: no downloads, and every rank (and the reference) can rebuild
-exactly the same tensors from a seed.
+Every model is built from a seed without touching the global random state, so every rank (and the
+reference) builds exactly the same one. The DDP chapters' models are float64 by default: averaging
+N shard means and taking one mean over the global batch add numbers in different orders, ~1e-7
+apart in float32 and growing with steps, ~1e-15 in float64, so a tolerance of 1e-9 separates
+"right" from "wrong by a factor of N" with no doubt.
 """
 
 from collections import OrderedDict

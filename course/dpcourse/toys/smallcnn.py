@@ -1,5 +1,7 @@
 """A ResNet in miniature: the course's stand-in for "ResNet-50 on 8 GPUs, 32 images per GPU".
 
+Used by notebook 06, its hidden checks and the torchrun driver (runtime.cluster).
+
 Same anatomy as a ResNet (a stem, a residual block with a skip connection, a
 strided convolution that halves the resolution and doubles the channels, global
 average pooling, a linear classifier), at a size a CPU rank trains in

@@ -1,4 +1,7 @@
-"""Draw per-rank buffers whose colours say which ranks' data each element holds.
+"""One colour per rank, and pictures whose colours say which rank holds (or contributed) what.
+
+Used by notebooks 00, 05 and 06 (`plot_shards`: which rank holds which sample) and 03-04 (the
+collectives explorer and the ring replay, through `draw_cell`, `rank_axis`, `legend`).
 
 The trick behind the pictures of notebooks 03-04: run the real communication on inputs
 where rank r holds 2**r everywhere. A sum of contributions is then a bit mask -- the value
@@ -53,7 +56,6 @@ def rank_axis(ax, world_size, label_x=-0.3):
     ax.set_yticks([r + 0.4 for r in range(world_size)], [f"rank {r}" for r in range(world_size)])
     for tick, r in zip(ax.get_yticklabels(), range(world_size), strict=True):
         tick.set_color(rank_colour(r))
-    ax.set_xticks([])
     ax.spines[:].set_visible(False)
 
 
@@ -61,3 +63,21 @@ def legend(ax, world_size):
     handles = [plt.Rectangle((0, 0), 1, 1, color=rank_colour(r)) for r in range(world_size)]
     ax.legend(handles, [f"from rank {r}" for r in range(world_size)], loc="upper left",
               bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+
+
+def plot_shards(shards, length, title="which rank holds which sample"):
+    """One row per rank, one square per sample index, in the colour of the rank that holds it.
+
+    `shards[r]` is the list (or 1-D tensor) of sample indices rank r holds. A sample
+    held twice or never shows up at once: a gap or a doubled column.
+    """
+    fig, ax = plt.subplots(figsize=(min(12, 1 + 0.35 * length), 0.5 + 0.45 * len(shards)))
+    for rank, shard in enumerate(shards):
+        for index in [int(i) for i in shard]:
+            draw_cell(ax, index, rank, [rank], str(index), width=0.9, fontsize=7)
+    ax.set_xlim(0, max(length, 1))
+    rank_axis(ax, len(shards))
+    ax.set_ylim(len(shards), 0)
+    ax.set_xlabel("sample index")
+    ax.set_title(title)
+    plt.show()

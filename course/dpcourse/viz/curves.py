@@ -1,5 +1,7 @@
 """Tiny training loops for the notebooks' curves: any step function, minibatches, progress, a plot.
 
+Used by notebooks 01 and 02 (training curves).
+
 The notebooks compare ways of taking a step (one worker, K simulated workers,
 N real ranks, a bigger batch with a scaled learning rate) on the same data in
 the same order. `train_curve` owns what stays the same -- shuffling with a

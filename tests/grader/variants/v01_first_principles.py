@@ -1,323 +1,177 @@
 """Planted bugs for 01_first_principles: each must lose the listed cells with a message saying why.
 
-The five exercises are independent, so each variant plants one bug in every exercise
-(five variants, five bugs per exercise) and lists every cell it must lose.
+The five exercises are independent, so each graded variant plants one bug in every exercise (five
+variants, five bugs per exercise, 25 bugs in five notebook executions).
 """
 
-# ---- exercise 1: shard_indices -------------------------------------------------------------
-LAST_RANK_TAKES_REMAINDER = """
-def shard_indices(n, rank, world_size, remainder="spread"):
-    size = n // world_size
-    if remainder == "drop":
-        return torch.arange(rank * size, (rank + 1) * size)
-    if remainder == "pad":
-        size = -(-n // world_size)
-        return torch.arange(rank * size, (rank + 1) * size) % n
-    end = n if rank == world_size - 1 else (rank + 1) * size
-    return torch.arange(rank * size, end)
-"""
+from planted import Bug, Variant
 
-CHUNK_SIZES = """
-def shard_indices(n, rank, world_size, remainder="spread"):
-    if remainder == "drop":
-        size = n // world_size
-        return torch.arange(rank * size, (rank + 1) * size)
-    size = -(-n // world_size)
-    if remainder == "pad":
-        return torch.arange(rank * size, (rank + 1) * size) % n
-    return torch.arange(min(rank * size, n), min((rank + 1) * size, n))
-"""
+# ---- shard_indices ------------------------------------------------------------------------------
+SPREAD = ("        base, extra = divmod(n, world_size)\n"
+          "        start = rank * base + min(rank, extra)\n"
+          "        return torch.arange(start, start + base + (rank < extra))\n")
+PAD = "        return torch.arange(rank * size, (rank + 1) * size) % n\n"
+DROP = "        return torch.arange(rank * size, (rank + 1) * size)\n"
 
-PAD_REPEATS_LAST_SAMPLE = """
-def shard_indices(n, rank, world_size, remainder="spread"):
-    if remainder == "spread":
-        return torch.tensor_split(torch.arange(n), world_size)[rank]
-    if remainder == "drop":
-        size = n // world_size
-        return torch.arange(rank * size, (rank + 1) * size)
-    size = -(-n // world_size)
-    return torch.arange(rank * size, (rank + 1) * size).clamp(max=n - 1)
-"""
+# ---- data_parallel_gradient ----------------------------------------------------------------------
+WEIGHTED = "            t += g * (len(xs) / len(x))  # weight n_k / B\n"
+LOCAL_GRADIENT = "        grads = torch.autograd.grad(loss_fn(model(xs), ys), weights)\n"
+BACKWARD = ("        loss_fn(model(xs), ys).backward()  # accumulates into .grad, never zeroed\n"
+            "        grads = [w.grad for w in weights]\n")
 
-DROP_FROM_THE_FRONT = """
-def shard_indices(n, rank, world_size, remainder="spread"):
-    if remainder == "spread":
-        return torch.tensor_split(torch.arange(n), world_size)[rank]
-    if remainder == "drop":
-        size, skip = n // world_size, n % world_size
-        return torch.arange(skip + rank * size, skip + (rank + 1) * size)
-    size = -(-n // world_size)
-    return torch.arange(rank * size, (rank + 1) * size) % n
-"""
+# ---- simulated_dp_step ---------------------------------------------------------------------------
+AVERAGE = "    average = [sum(s * g[i] for s, g in zip(sizes, grads, strict=True)) / len(x) for i in range(len(grads[0]))]\n"
 
-STRIDED = """
-def shard_indices(n, rank, world_size, remainder="spread"):
-    return torch.arange(n)[rank::world_size]
-"""
+# ---- allreduce_sgd_step --------------------------------------------------------------------------
+SCALE_AND_REDUCE = ("        g = g * (len(xs) / len(x))  # this rank's share of the global mean\n"
+                    "        dist.all_reduce(g)\n")
+REDUCE_THEN_DIVIDE = ("        dist.all_reduce(g)\n"
+                      "        g = g / world\n")
+LOCAL_STEP = ("    if len(xs):\n"
+              "        grads = torch.autograd.grad(loss_fn(model(xs), ys), weights)\n"
+              "    else:  # no samples here, but this rank still joins every all-reduce\n"
+              "        grads = [torch.zeros_like(w) for w in weights]\n")
 
-# ---- exercise 2: data_parallel_gradient ------------------------------------------------------
-GRADIENT_SUM = """
-def data_parallel_gradient(model, loss_fn, x, y, world_size):
-    params = list(model.parameters())
-    total = [torch.zeros_like(p) for p in params]
-    for xs, ys in zip(torch.tensor_split(x, world_size), torch.tensor_split(y, world_size)):
-        if len(xs):
-            for t, g in zip(total, torch.autograd.grad(loss_fn(model(xs), ys), params)):
-                t += g
-    return total
-"""
-
-GRADIENT_PLAIN_MEAN = """
-def data_parallel_gradient(model, loss_fn, x, y, world_size):
-    params = list(model.parameters())
-    grads = [torch.autograd.grad(loss_fn(model(xs), ys), params)
-             for xs, ys in zip(torch.tensor_split(x, world_size), torch.tensor_split(y, world_size))
-             if len(xs)]
-    return [sum(g[i] for g in grads) / len(grads) for i in range(len(params))]
-"""
-
-GRADIENT_NOT_ZEROED = """
-def data_parallel_gradient(model, loss_fn, x, y, world_size):
-    params = list(model.parameters())
-    total = [torch.zeros_like(p) for p in params]
-    for xs, ys in zip(torch.tensor_split(x, world_size), torch.tensor_split(y, world_size)):
-        if len(xs):
-            loss_fn(model(xs), ys).backward()
-            for t, p in zip(total, params):
-                t += p.grad * (len(xs) / len(x))
-    return total
-"""
-
-GRADIENT_ZEROED_AFTER_INSTEAD_OF_BEFORE = """
-def data_parallel_gradient(model, loss_fn, x, y, world_size):
-    params = list(model.parameters())
-    total = [torch.zeros_like(p) for p in params]
-    for xs, ys in zip(torch.tensor_split(x, world_size), torch.tensor_split(y, world_size)):
-        if len(xs):
-            loss_fn(model(xs), ys).backward()
-            for t, p in zip(total, params):
-                t += p.grad * (len(xs) / len(x))
-            model.zero_grad()
-    return total
-"""
-
-GRADIENT_OF_WHOLE_BATCH = """
-def data_parallel_gradient(model, loss_fn, x, y, world_size):
-    return list(torch.autograd.grad(loss_fn(model(x), y), list(model.parameters())))
-"""
-
-# ---- exercise 3: simulated_dp_step ------------------------------------------------------------
-def simulated(combine, update="every replica"):
-    """A simulated step whose only bugs are how it combines gradients and which replicas it updates."""
-    replicas = "replicas" if update == "every replica" else "replicas[:1]"
-    return f"""
-def simulated_dp_step(replicas, loss_fn, x, y, lr):
-    k = len(replicas)
-    sizes, grads = [], []
-    for replica, xs, ys in zip(replicas, torch.tensor_split(x, k), torch.tensor_split(y, k)):
-        if len(xs):
-            grads.append(torch.autograd.grad(loss_fn(replica(xs), ys), list(replica.parameters())))
-            sizes.append(len(xs))
-    average = [{combine} for i in range(len(grads[0]))]
-    with torch.no_grad():
-        for replica in {replicas}:
-            for p, g in zip(replica.parameters(), average):
-                p -= lr * g
-"""
+# ---- sync_batch_norm -----------------------------------------------------------------------------
+STATS = "    stats = torch.cat([count, x64.sum(0), (x64 * x64).sum(0)])\n"
+MEAN_VAR = ("    mean = stats[1:1 + c] / stats[0]\n"
+            "    var = stats[1 + c:] / stats[0] - mean * mean\n")
 
 
-SIMULATED_NOT_ZEROED = """
-def simulated_dp_step(replicas, loss_fn, x, y, lr):
-    k = len(replicas)
-    shards = list(zip(torch.tensor_split(x, k), torch.tensor_split(y, k)))
-    for replica, (xs, ys) in zip(replicas, shards):
-        loss_fn(replica(xs), ys).backward()
-    average = [sum(r_params[i].grad * len(xs) for r_params, (xs, _) in
-                   zip([list(r.parameters()) for r in replicas], shards)) / len(x)
-               for i in range(len(list(replicas[0].parameters())))]
-    with torch.no_grad():
-        for replica in replicas:
-            for p, g in zip(replica.parameters(), average):
-                p -= lr * g
-"""
-
-SIMULATED_NO_AVERAGING = """
-def simulated_dp_step(replicas, loss_fn, x, y, lr):
-    k = len(replicas)
-    for replica, xs, ys in zip(replicas, torch.tensor_split(x, k), torch.tensor_split(y, k)):
-        grads = torch.autograd.grad(loss_fn(replica(xs), ys), list(replica.parameters()))
-        with torch.no_grad():
-            for p, g in zip(replica.parameters(), grads):
-                p -= lr * g
-"""
-
-# ---- exercise 4: allreduce_sgd_step -------------------------------------------------------------
-def allreduce_step(scale_before="len(xs) / len(x)", divide_after="1", shard="mine", zero=True,
-                   empty="zeros"):
-    """An all-reduce step with one knob per classic mistake."""
-    take = ("torch.tensor_split(x, world)[rank], torch.tensor_split(y, world)[rank]"
-            if shard == "mine" else "x, y")
-    if empty == "return":
-        skip = "    if len(xs) == 0:\n        return\n"
-    else:
-        skip = ""
-    if zero:
-        local = """    if len(xs):
-        grads = torch.autograd.grad(loss_fn(model(xs), ys), params)
-    else:
-        grads = [torch.zeros_like(p) for p in params]
-"""
-    else:
-        local = """    loss_fn(model(xs), ys).backward()
-    grads = [p.grad.clone() for p in params]
-"""
-    return f"""
-def allreduce_sgd_step(model, loss_fn, x, y, lr):
-    rank, world = dist.get_rank(), dist.get_world_size()
-    xs, ys = {take}
-{skip}    params = list(model.parameters())
-{local}    for p, g in zip(params, grads):
-        g = g * ({scale_before})
-        dist.all_reduce(g)
-        g = g / ({divide_after})
-        with torch.no_grad():
-            p -= lr * g
-"""
-
-
-# ---- exercise 5: sync_batch_norm ---------------------------------------------------------------
-SYNC_BN_LOCAL_ONLY = """
-def sync_batch_norm(x, weight, bias, eps=1e-5):
-    mean = x.mean(0)
-    var = x.var(0, unbiased=False)
-    return (x - mean) / torch.sqrt(var + eps) * weight + bias
-"""
-
-SYNC_BN_AVERAGES_VARIANCES = """
-def sync_batch_norm(x, weight, bias, eps=1e-5):
-    c = x.shape[1]
-    stats = torch.cat([torch.tensor([float(len(x))], dtype=torch.float64),
-                       x.double().sum(0), x.double().var(0, unbiased=False) * len(x)])
-    dist.all_reduce(stats)
-    mean, var = stats[1:1 + c] / stats[0], stats[1 + c:] / stats[0]
-    return ((x.double() - mean) / torch.sqrt(var + eps) * weight + bias).to(x.dtype)
-"""
-
-SYNC_BN_FLOAT32 = """
-def sync_batch_norm(x, weight, bias, eps=1e-5):
-    c = x.shape[1]
-    stats = torch.cat([torch.tensor([float(len(x))]), x.sum(0), (x * x).sum(0)])
-    dist.all_reduce(stats)
-    mean = stats[1:1 + c] / stats[0]
-    var = stats[1 + c:] / stats[0] - mean * mean
-    return (x - mean) / torch.sqrt(var + eps) * weight + bias
-"""
-
-SYNC_BN_MEAN_OF_MEANS = """
-def sync_batch_norm(x, weight, bias, eps=1e-5):
-    c = x.shape[1]
-    x64 = x.double()
-    stats = torch.cat([torch.tensor([float(len(x)), 1.0], dtype=torch.float64), x64.mean(0),
-                       (x64 * x64).sum(0)])
-    dist.all_reduce(stats)
-    mean = stats[2:2 + c] / stats[1]
-    var = stats[2 + c:] / stats[0] - mean * mean
-    return ((x64 - mean) / torch.sqrt(var + eps) * weight + bias).to(x.dtype)
-"""
-
-SYNC_BN_UNBIASED = """
-def sync_batch_norm(x, weight, bias, eps=1e-5):
-    c = x.shape[1]
-    x64 = x.double()
-    stats = torch.cat([torch.tensor([float(len(x))], dtype=torch.float64), x64.sum(0), (x64 * x64).sum(0)])
-    dist.all_reduce(stats)
-    n = stats[0]
-    mean = stats[1:1 + c] / n
-    var = (stats[1 + c:] - n * mean * mean) / (n - 1)
-    return ((x64 - mean) / torch.sqrt(var + eps) * weight + bias).to(x.dtype)
-"""
-
-SUM = "sum(g[i] for g in grads)"
-PLAIN_MEAN = "sum(g[i] for g in grads) / len(grads)"
-WEIGHTED = "sum(s * g[i] for s, g in zip(sizes, grads)) / len(x)"
-
-VARIANTS = {
-    "sums_instead_of_averaging": {
-        "cells": {"shard_indices": LAST_RANK_TAKES_REMAINDER,
-                  "data_parallel_gradient": GRADIENT_SUM,
-                  "simulated_dp_step": simulated(SUM),
-                  "allreduce_sgd_step": allreduce_step(scale_before="1"),
-                  "sync_batch_norm": SYNC_BN_LOCAL_ONLY},
-        "loses": {"test_shard_indices_basic":
-                  "rank 0: shard_indices(10, rank, 4) has shape (2,), expected (3,)",
-                  "test_shard_indices_policies":
-                  "rank 3: shard_indices(3, 3, 4) has shape (3,), expected (0,)",
-                  "test_dp_gradient_basic": "(4x the expected values)",
-                  "test_dp_gradient_uneven": "the gradient of 0.weight",
-                  "test_simulated_step_basic": "(the update is 3.41x the reference update)",
-                  "test_simulated_step_uneven": "replica 0",
-                  "test_allreduce_step_basic": "rank 0 after 2 steps: weight",
-                  "test_allreduce_step_uneven": "rank 0, 10 samples over 3 ranks",
-                  "test_sync_bn_basic": "rank 0: sync_batch_norm of 2 shards of 4 rows is",
-                  "test_sync_bn_uneven": "sync_batch_norm of shards of 5, 1 and 3 rows is"},
-    },
-    "plain_average_of_unequal_shards": {
-        "cells": {"shard_indices": CHUNK_SIZES,
-                  "data_parallel_gradient": GRADIENT_PLAIN_MEAN,
-                  "simulated_dp_step": simulated(PLAIN_MEAN),
-                  "allreduce_sgd_step": allreduce_step(scale_before="1", divide_after="world"),
-                  "sync_batch_norm": SYNC_BN_AVERAGES_VARIANCES},
-        "loses": {"test_shard_indices_basic":
-                  "rank 2: shard_indices(10, rank, 4) has shape (3,), expected (2,)",
-                  "test_shard_indices_policies":
-                  "shard_indices(10, rank, 4, 'spread') gives shard sizes [3, 3, 3, 1]",
-                  "test_dp_gradient_uneven": "shards 3, 3, 2, 2), the gradient of",
-                  "test_simulated_step_uneven": "3 workers on 10 samples after 2 steps, replica 0",
-                  "test_allreduce_step_uneven": "10 samples over 3 ranks, after 2 steps",
-                  "test_sync_bn_basic": "rank 0: sync_batch_norm of 2 shards of 4 rows is",
-                  "test_sync_bn_uneven": "sync_batch_norm of shards of 5, 1 and 3 rows"},
-        "keeps": ["test_dp_gradient_basic", "test_simulated_step_basic", "test_allreduce_step_basic"],
-    },
-    "gradients_not_zeroed": {
-        "cells": {"shard_indices": PAD_REPEATS_LAST_SAMPLE,
-                  "data_parallel_gradient": GRADIENT_NOT_ZEROED,
-                  "simulated_dp_step": SIMULATED_NOT_ZEROED,
-                  "allreduce_sgd_step": allreduce_step(zero=False),
-                  "sync_batch_norm": SYNC_BN_FLOAT32},
-        "loses": {"test_shard_indices_policies":
-                  "rank 3: shard_indices(10, rank, 4, 'pad') is tensor([9, 9, 9]",
-                  "test_dp_gradient_basic": "12 samples over 4 workers, the gradient of weight",
-                  "test_simulated_step_basic": "4 workers after 2 steps, replica 0",
-                  "test_allreduce_step_basic": "rank 0 after 2 steps",
-                  "test_sync_bn_uneven": "large mean (1000 + N(0, 1)): accumulate in float64"},
-        "keeps": ["test_shard_indices_basic", "test_sync_bn_basic"],
-    },
-    "empty_shards_and_forgotten_replicas": {
-        "cells": {"shard_indices": DROP_FROM_THE_FRONT,
-                  "data_parallel_gradient": GRADIENT_ZEROED_AFTER_INSTEAD_OF_BEFORE,
-                  "simulated_dp_step": simulated(WEIGHTED, update="replica 0 only"),
-                  "allreduce_sgd_step": allreduce_step(empty="return"),
-                  "sync_batch_norm": SYNC_BN_MEAN_OF_MEANS},
-        "loses": {"test_shard_indices_policies":
-                  "rank 0: shard_indices(10, rank, 4, 'drop') is tensor([2, 3]",
-                  "test_dp_gradient_uneven": "arrives with stale .grad",
-                  "test_simulated_step_basic": "replica 1's weight differs from replica 0's",
-                  "test_allreduce_step_uneven": "waiting for rank 2, which had already returned",
-                  "test_sync_bn_uneven": "sync_batch_norm of shards of 5, 1 and 3 rows is"},
-        "keeps": ["test_shard_indices_basic", "test_dp_gradient_basic", "test_allreduce_step_basic",
-                  "test_sync_bn_basic"],
-    },
-    "whole_batch_everywhere": {
-        "cells": {"shard_indices": STRIDED,
-                  "data_parallel_gradient": GRADIENT_OF_WHOLE_BATCH,
-                  "simulated_dp_step": SIMULATED_NO_AVERAGING,
-                  "allreduce_sgd_step": allreduce_step(shard="whole batch", scale_before="1",
-                                                       divide_after="world"),
-                  "sync_batch_norm": SYNC_BN_UNBIASED},
-        "loses": {"test_shard_indices_basic": "rank 0: shard_indices(10, rank, 4) is tensor([0, 4, 8]",
-                  "test_dp_gradient_basic": "the loss was computed on batches of sizes [12]",
-                  "test_simulated_step_basic": "replica 1's weight differs from replica 0's",
-                  "test_allreduce_step_basic": "the loss was computed on batches of sizes [12, 12]",
-                  "test_sync_bn_basic": "rank 0: sync_batch_norm of 2 shards of 4 rows is"},
-    },
-}
+BUGS = [
+    Variant("sums_instead_of_averaging", [
+        Bug("shard_indices", "last_rank_takes_the_remainder",
+            patch=[(SPREAD, "        size = n // world_size\n"
+                            "        end = n if rank == world_size - 1 else (rank + 1) * size\n"
+                            "        return torch.arange(rank * size, end)\n")],
+            loses={"test_shard_indices_basic": "rank 0: shard_indices(10, rank, 4) has shape (2,), expected (3,)",
+                   "test_shard_indices_policies": "rank 3: shard_indices(3, 3, 4) has shape (3,), expected (0,)"}),
+        Bug("data_parallel_gradient", "sums_shard_gradients",
+            patch=[(WEIGHTED, "            t += g\n")],
+            loses={"test_data_parallel_gradient_basic": "(4x the expected values)",
+                   "test_data_parallel_gradient_uneven": "the gradient of 0.weight"}),
+        Bug("simulated_dp_step", "sums_worker_gradients",
+            patch=[(AVERAGE, "    average = [sum(g[i] for g in grads) for i in range(len(grads[0]))]\n")],
+            loses={"test_simulated_dp_step_basic": "(the update is 3.41x the reference update)",
+                   "test_simulated_dp_step_uneven": "replica 0"}),
+        Bug("allreduce_sgd_step", "sums_rank_gradients",
+            patch=[("        g = g * (len(xs) / len(x))  # this rank's share of the global mean\n", "")],
+            loses={"test_allreduce_sgd_step_basic": "rank 0 after 2 steps: weight",
+                   "test_allreduce_sgd_step_uneven": "rank 0, 10 samples over 3 ranks"}),
+        Bug("sync_batch_norm", "local_statistics_only",  # a rewrite: no communication, float32 statistics
+            source="def sync_batch_norm(x, weight, bias, eps=1e-5):\n"
+                   "    mean = x.mean(0)\n"
+                   "    var = x.var(0, unbiased=False)\n"
+                   "    return (x - mean) / torch.sqrt(var + eps) * weight + bias\n",
+            loses={"test_sync_batch_norm_basic": "rank 0: sync_batch_norm of 2 shards of 4 rows is",
+                   "test_sync_batch_norm_uneven": "sync_batch_norm of shards of 5, 1 and 3 rows is"}),
+    ]),
+    Variant("plain_average_of_unequal_shards", [
+        Bug("shard_indices", "chunk_sizes_of_ceil",
+            patch=[(SPREAD, "        size = -(-n // world_size)\n"
+                            "        return torch.arange(min(rank * size, n), min((rank + 1) * size, n))\n")],
+            loses={"test_shard_indices_basic": "rank 2: shard_indices(10, rank, 4) has shape (3,), expected (2,)",
+                   "test_shard_indices_policies":
+                   "shard_indices(10, rank, 4, 'spread') gives shard sizes [3, 3, 3, 1]"}),
+        Bug("data_parallel_gradient", "plain_mean_of_shard_gradients",
+            patch=[(WEIGHTED, "            t += g\n"),
+                   ("    return total\n",
+                    "    return [t / sum(len(s) > 0 for s in torch.tensor_split(x, world_size)) for t in total]\n")],
+            loses={"test_data_parallel_gradient_uneven": "shards 3, 3, 2, 2), the gradient of"},
+            keeps=["test_data_parallel_gradient_basic"]),
+        Bug("simulated_dp_step", "plain_mean_of_worker_gradients",
+            patch=[(AVERAGE, "    average = [sum(g[i] for g in grads) / len(grads) for i in range(len(grads[0]))]\n")],
+            loses={"test_simulated_dp_step_uneven": "3 workers on 10 samples after 2 steps, replica 0"},
+            keeps=["test_simulated_dp_step_basic"]),
+        Bug("allreduce_sgd_step", "plain_mean_over_ranks",
+            patch=[(SCALE_AND_REDUCE, REDUCE_THEN_DIVIDE)],
+            loses={"test_allreduce_sgd_step_uneven": "10 samples over 3 ranks, after 2 steps"},
+            keeps=["test_allreduce_sgd_step_basic"]),
+        Bug("sync_batch_norm", "averages_shard_variances",
+            patch=[(STATS, "    stats = torch.cat([count, x64.sum(0), x64.var(0, unbiased=False) * len(x)])\n"),
+                   (MEAN_VAR, "    mean = stats[1:1 + c] / stats[0]\n"
+                              "    var = stats[1 + c:] / stats[0]\n")],
+            loses={"test_sync_batch_norm_basic": "rank 0: sync_batch_norm of 2 shards of 4 rows is",
+                   "test_sync_batch_norm_uneven": "sync_batch_norm of shards of 5, 1 and 3 rows"}),
+    ]),
+    Variant("gradients_not_zeroed", [
+        Bug("shard_indices", "pad_repeats_the_last_sample",
+            patch=[(PAD, "        return torch.arange(rank * size, (rank + 1) * size).clamp(max=n - 1)\n")],
+            loses={"test_shard_indices_policies": "rank 3: shard_indices(10, rank, 4, 'pad') is tensor([9, 9, 9]"},
+            keeps=["test_shard_indices_basic"]),
+        Bug("data_parallel_gradient", "shard_gradients_not_zeroed",
+            patch=[(LOCAL_GRADIENT, BACKWARD)],
+            loses={"test_data_parallel_gradient_basic": "12 samples over 4 workers, the gradient of weight"}),
+        Bug("simulated_dp_step", "replica_gradients_not_zeroed",
+            patch=[("            grads.append(torch.autograd.grad(loss_fn(replica(xs), ys), list(replica.parameters())))\n",
+                    "            loss_fn(replica(xs), ys).backward()  # accumulates into .grad, never zeroed\n"
+                    "            grads.append([p.grad for p in replica.parameters()])\n")],
+            loses={"test_simulated_dp_step_basic": "4 workers after 2 steps, replica 0"}),
+        Bug("allreduce_sgd_step", "rank_gradients_not_zeroed",
+            patch=[(LOCAL_STEP, "    loss_fn(model(xs), ys).backward()  # accumulates into .grad, never zeroed\n"
+                                "    grads = [w.grad.clone() for w in weights]\n")],
+            loses={"test_allreduce_sgd_step_basic": "rank 0 after 2 steps"}),
+        Bug("sync_batch_norm", "float32_statistics",
+            patch=[("    x64 = x.double()\n", "    x64 = x\n"),
+                   ("dtype=torch.float64, device=x.device", "device=x.device")],
+            loses={"test_sync_batch_norm_uneven": "large mean (1000 + N(0, 1)): accumulate in float64"},
+            keeps=["test_sync_batch_norm_basic"]),
+    ]),
+    Variant("empty_shards_and_forgotten_replicas", [
+        Bug("shard_indices", "drop_from_the_front",
+            patch=[(DROP, "        skip = n % world_size\n"
+                          "        return torch.arange(skip + rank * size, skip + (rank + 1) * size)\n")],
+            loses={"test_shard_indices_policies": "rank 0: shard_indices(10, rank, 4, 'drop') is tensor([2, 3]"},
+            keeps=["test_shard_indices_basic"]),
+        Bug("data_parallel_gradient", "zeroed_after_instead_of_before",
+            patch=[(LOCAL_GRADIENT, BACKWARD),
+                   (WEIGHTED, WEIGHTED + "        model.zero_grad()\n")],
+            loses={"test_data_parallel_gradient_uneven": "arrives with stale .grad"},
+            keeps=["test_data_parallel_gradient_basic"]),
+        Bug("simulated_dp_step", "only_replica_0_updated",
+            patch=[("        for replica in replicas:\n", "        for replica in replicas[:1]:\n")],
+            loses={"test_simulated_dp_step_basic": "replica 1's weight differs from replica 0's"}),
+        Bug("allreduce_sgd_step", "empty_shard_skips_the_all_reduce",
+            patch=[("    weights = list(model.parameters())\n",
+                    "    if len(xs) == 0:\n"
+                    "        return\n"
+                    "    weights = list(model.parameters())\n")],
+            loses={"test_allreduce_sgd_step_uneven": "waiting for rank 2, which had already returned"},
+            keeps=["test_allreduce_sgd_step_basic"]),
+        Bug("sync_batch_norm", "mean_of_shard_means",
+            patch=[(STATS, "    one = torch.ones(1, dtype=torch.float64, device=x.device)\n"
+                           "    stats = torch.cat([count, one, x64.mean(0), (x64 * x64).sum(0)])\n"),
+                   (MEAN_VAR, "    mean = stats[2:2 + c] / stats[1]\n"
+                              "    var = stats[2 + c:] / stats[0] - mean * mean\n")],
+            loses={"test_sync_batch_norm_uneven": "sync_batch_norm of shards of 5, 1 and 3 rows is"},
+            keeps=["test_sync_batch_norm_basic"]),
+    ]),
+    Variant("whole_batch_everywhere", [
+        Bug("shard_indices", "strided_for_every_policy",  # a rewrite: one rule whatever the policy
+            source="def shard_indices(n, rank, world_size, remainder=\"spread\"):\n"
+                   "    return torch.arange(n)[rank::world_size]\n",
+            loses={"test_shard_indices_basic": "rank 0: shard_indices(10, rank, 4) is tensor([0, 4, 8]"}),
+        Bug("data_parallel_gradient", "gradient_of_the_whole_batch",
+            patch=[("    shards = zip(torch.tensor_split(x, world_size), torch.tensor_split(y, world_size), strict=True)\n",
+                    "    shards = [(x, y)]\n")],
+            loses={"test_data_parallel_gradient_basic": "the loss was computed on batches of sizes [12]"}),
+        Bug("simulated_dp_step", "each_replica_its_own_gradient",  # a rewrite: no averaging at all
+            source="def simulated_dp_step(replicas, loss_fn, x, y, lr):\n"
+                   "    k = len(replicas)\n"
+                   "    for replica, xs, ys in zip(replicas, torch.tensor_split(x, k), torch.tensor_split(y, k)):\n"
+                   "        grads = torch.autograd.grad(loss_fn(replica(xs), ys), list(replica.parameters()))\n"
+                   "        with torch.no_grad():\n"
+                   "            for p, g in zip(replica.parameters(), grads):\n"
+                   "                p -= lr * g\n",
+            loses={"test_simulated_dp_step_basic": "replica 1's weight differs from replica 0's"}),
+        Bug("allreduce_sgd_step", "whole_batch_on_every_rank",
+            patch=[("    xs, ys = torch.tensor_split(x, world)[rank], torch.tensor_split(y, world)[rank]\n",
+                    "    xs, ys = x, y\n"),
+                   (SCALE_AND_REDUCE, REDUCE_THEN_DIVIDE)],
+            loses={"test_allreduce_sgd_step_basic": "the loss was computed on batches of sizes [12, 12]"}),
+        Bug("sync_batch_norm", "unbiased_variance",
+            patch=[("    var = stats[1 + c:] / stats[0] - mean * mean\n",
+                    "    var = (stats[1 + c:] - stats[0] * mean * mean) / (stats[0] - 1)\n")],
+            loses={"test_sync_batch_norm_basic": "rank 0: sync_batch_norm of 2 shards of 4 rows is"}),
+    ]),
+]

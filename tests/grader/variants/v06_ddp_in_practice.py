@@ -1,64 +1,33 @@
-"""Planted bugs for 06_ddp_in_practice: each must lose the listed cells with a message saying why.
+"""Planted bugs for 06_ddp_in_practice: each is the solution's train_ddp with one realistic mistake."""
 
-Every variant is the correct train_ddp with one realistic mistake (BASE below, edited by `_bug`).
-"""
+from planted import Bug
 
-import inspect
-
-from dpgrader.ddp_in_practice import reference_train_ddp
-
-
-def _correct_train_ddp():
-    """The grader's correct train_ddp (also run under torchrun), under the exercise's name: one copy."""
-    source = inspect.getsource(reference_train_ddp)
-    docstring = f'    """{reference_train_ddp.__doc__}"""\n'
-    assert source.count(docstring) == 1 and source.startswith("def reference_train_ddp(")
-    return "\n" + source.replace(docstring, "").replace("def reference_train_ddp(", "def train_ddp(", 1)
-
-
-BASE = _correct_train_ddp()
-
-
-def _bug(old, new):
-    assert old in BASE, old
-    return BASE.replace(old, new)
-
-
-VARIANTS = {
-    "sampler_without_set_epoch": {
-        "cells": {"train_ddp": _bug("        sampler.set_epoch(epoch)\n", "")},
-        "loses": {"test_train_ddp_matches_single_process": "call sampler.set_epoch(epoch)",
-                  "test_train_ddp_edge_cases": "call sampler.set_epoch(epoch)"},
-    },
-    "all_ranks_on_the_same_data": {  # no DistributedSampler: every rank shuffles the whole data set
-        "cells": {"train_ddp": _bug(
-            "loader = DataLoader(dataset, batch_size=global_batch // world, sampler=sampler)",
-            "loader = DataLoader(dataset, batch_size=global_batch // world, shuffle=True)")},
-        "loses": {"test_train_ddp_matches_single_process": "every rank trained on the same samples",
-                  "test_train_ddp_edge_cases": "every rank trained on the same samples"},
-    },
-    "sampler_seeded_by_rank": {
-        "cells": {"train_ddp": _bug("DistributedSampler(dataset, shuffle=True, seed=seed)",
-                                    "DistributedSampler(dataset, shuffle=True, seed=seed + rank)")},
-        "loses": {"test_train_ddp_matches_single_process": "by no rank",
-                  "test_train_ddp_edge_cases": "must shuffle with the same seed"},
-    },
-    "loss_not_averaged_across_ranks": {
-        "cells": {"train_ddp": _bug("        dist.all_reduce(totals)\n", "")},
-        "loses": {"test_train_ddp_matches_single_process": "the ranks disagree",
-                  "test_train_ddp_edge_cases": "the ranks disagree"},
-        "keeps": ["test_train_ddp_checkpoint"],
-    },
-    "checkpoint_written_by_every_rank": {
-        "cells": {"train_ddp": _bug(
-            "        if rank == 0:\n            torch.save(",
-            "        if True:\n            torch.save(")},
-        "loses": {"test_train_ddp_checkpoint": "rank 1 wrote the checkpoint"},
-        "keeps": ["test_train_ddp_matches_single_process", "test_train_ddp_edge_cases"],
-    },
-    "resume_without_optimizer_state": {
-        "cells": {"train_ddp": _bug('        optimizer.load_state_dict(checkpoint["optimizer"])\n', "")},
-        "loses": {"test_train_ddp_checkpoint": "restore the model and the optimizer"},
-        "keeps": ["test_train_ddp_matches_single_process", "test_train_ddp_edge_cases"],
-    },
-}
+BUGS = [
+    Bug("train_ddp", "sampler_without_set_epoch",
+        patch=[("        sampler.set_epoch(epoch)  # a new shuffle every epoch, the same on every rank\n", "")],
+        loses={"test_train_ddp_matches_single_process": "call sampler.set_epoch(epoch)",
+               "test_train_ddp_edge_cases": "call sampler.set_epoch(epoch)"}),
+    Bug("train_ddp", "all_ranks_on_the_same_data",  # no DistributedSampler: every rank shuffles all the data
+        patch=[("loader = DataLoader(dataset, batch_size=global_batch // world, sampler=sampler)",
+                "loader = DataLoader(dataset, batch_size=global_batch // world, shuffle=True)")],
+        loses={"test_train_ddp_matches_single_process": "every rank trained on the same samples",
+               "test_train_ddp_edge_cases": "every rank trained on the same samples"}),
+    Bug("train_ddp", "sampler_seeded_by_rank",
+        patch=[("DistributedSampler(dataset, shuffle=True, seed=seed)",
+                "DistributedSampler(dataset, shuffle=True, seed=seed + rank)")],
+        loses={"test_train_ddp_matches_single_process": "by no rank",
+               "test_train_ddp_edge_cases": "must shuffle with the same seed"}),
+    Bug("train_ddp", "loss_not_averaged_across_ranks",
+        patch=[("        dist.all_reduce(totals)\n", "")],
+        loses={"test_train_ddp_matches_single_process": "the ranks disagree",
+               "test_train_ddp_edge_cases": "the ranks disagree"},
+        keeps=["test_train_ddp_checkpoint"]),
+    Bug("train_ddp", "checkpoint_written_by_every_rank",
+        patch=[("        if rank == 0:  # one writer\n", "        if True:\n")],
+        loses={"test_train_ddp_checkpoint": "rank 1 wrote the checkpoint"},
+        keeps=["test_train_ddp_matches_single_process", "test_train_ddp_edge_cases"]),
+    Bug("train_ddp", "resume_without_optimizer_state",
+        patch=[('        optimizer.load_state_dict(checkpoint["optimizer"])\n', "")],
+        loses={"test_train_ddp_checkpoint": "restore the model and the optimizer"},
+        keeps=["test_train_ddp_matches_single_process", "test_train_ddp_edge_cases"]),
+]

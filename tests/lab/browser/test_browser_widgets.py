@@ -23,7 +23,7 @@ from .steps import (
 )
 
 RING = "04_ring_allreduce/04_ring_allreduce.ipynb"
-REPLAY = "show_ring(record_ring(ring_all_reduce"  # the cell drawing the replay of the whole all-reduce
+REPLAY = "ring_explorer(record_ring(ring_all_reduce"  # the cell drawing the replay of the whole all-reduce
 HEADING = "Your all-reduce, replayed"  # the text above it
 
 

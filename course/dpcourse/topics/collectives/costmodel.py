@@ -1,5 +1,8 @@
 """The alpha-beta cost model of an all-reduce, and how to measure the real thing against it.
 
+Used by notebook 04 (ping-pong, the alpha-beta fit, bandwidth tables and plots), and by topics.ddp
+(predicted_time, format_bytes) for 05-06.
+
 A message of n bytes costs  t = alpha + n / beta:  alpha is the latency of one message
 (microseconds on a network, tens of microseconds through gloo), beta the bandwidth in
 bytes per second. An all-reduce of S bytes on N ranks then costs, for the busiest rank:

@@ -1,5 +1,7 @@
 """Every torch.distributed collective, run for real on N ranks, drawn as buffers before and after.
 
+Used by notebook 03 (collective_explorer).
+
     from dpcourse.topics.collectives.pictures import collective_explorer
     collective_explorer(4)          # a drop-down: pick a collective, see each rank's buffer
 
@@ -15,6 +17,7 @@ import torch.distributed as dist
 from dpcourse.runtime.backend import rank_device
 from dpcourse.runtime.launcher import launch
 from dpcourse.viz import colours as maskpics
+from dpcourse.viz.widgets import explorer
 
 # name -> (the call as a learner writes it, what it does, what each rank sends in the classic algorithm)
 COLLECTIVES = {
@@ -133,4 +136,5 @@ def collective_explorer(world_size=4, default="all_reduce"):
         draw(results, collective)
         plt.show()
 
-    return widgets.interact(show, collective=widgets.Dropdown(options=list(COLLECTIVES), value=default))
+    menu = widgets.Dropdown(options=list(COLLECTIVES), value=default, description="collective")
+    return explorer({"collective": menu}, show)

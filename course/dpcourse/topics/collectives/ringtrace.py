@@ -1,7 +1,9 @@
 """Replay a learner's own ring, step by step, from what the recorder saw.
 
+Used by notebook 04 (record_ring, ring_explorer).
+
     traces = record_ring(ring_all_reduce, 4, 6)   # run it on 4 ranks, 6 elements
-    show_ring(traces)                             # a slider over the steps
+    ring_explorer(traces)                         # a slider over the steps
 
 Why a trace and not an animation: the picture must show what *your* code did, bugs
 included. Each rank runs the function on a tensor holding 2**rank everywhere, inside a
@@ -26,6 +28,7 @@ from dpcourse.reference.splits import chunk_bounds
 from dpcourse.runtime.backend import rank_device
 from dpcourse.runtime.launcher import launch
 from dpcourse.viz import colours as maskpics
+from dpcourse.viz.widgets import explorer
 
 
 class ChunkRecorder(CommRecorder):
@@ -195,7 +198,7 @@ class RingReplay:
         return text if len(text) < 140 else text[:137] + "…"
 
 
-def show_ring(traces, step=0):
+def ring_explorer(traces, step=0):
     """A slider over the steps of a recorded ring (see trace_ring)."""
     import ipywidgets as widgets
     import matplotlib.pyplot as plt
@@ -206,5 +209,5 @@ def show_ring(traces, step=0):
         replay.draw(step)
         plt.show()
 
-    return widgets.interact(draw, step=widgets.IntSlider(min=0, max=replay.steps, value=step,
-                                                         description="step"))
+    slider = widgets.IntSlider(min=0, max=replay.steps, value=step, description="step")
+    return explorer({"step": slider}, draw)

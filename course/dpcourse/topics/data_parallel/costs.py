@@ -21,6 +21,8 @@ import time
 import torch
 from torch import nn
 
+from dpcourse.viz.tables import print_table
+
 
 def time_call(fn, repeats=5, warmup=1):
     """Median wall-clock seconds of fn() over `repeats` calls, after `warmup` calls."""
@@ -97,13 +99,10 @@ def dataparallel_traffic(model_bytes, input_bytes, output_bytes, devices):
 
 def print_traffic(traffic, title):
     """A table of dataparallel_traffic in MB, with the DataParallel total through device 0."""
-    print(title)
-    total = 0.0
-    for phase, nbytes in traffic.items():
-        if not phase.startswith("DDP"):
-            total += nbytes
-        print(f"  {phase:<58} {nbytes / 1e6:>9,.1f} MB")
-    print(f"  {'DataParallel, all through device 0':<58} {total / 1e6:>9,.1f} MB")
+    total = sum(nbytes for phase, nbytes in traffic.items() if not phase.startswith("DDP"))
+    rows = [*traffic.items(), ("DataParallel, all through device 0", total)]
+    print_table([(phase, f"{nbytes / 1e6:,.1f} MB") for phase, nbytes in rows], [("", -58), ("", 12)], title,
+                indent="  ")
 
 
 def copy_cost(model, x, devices):

@@ -1,5 +1,7 @@
 """Small modules that reveal how a DataParallel-like wrapper runs them.
 
+Used by notebook 02's test cells and hidden checks.
+
 A wrapper around a model can give the right numbers for the wrong reasons: run
 the replicas one after another instead of in parallel, stitch the outputs
 together in the order the threads finished, drop keyword arguments, lose a

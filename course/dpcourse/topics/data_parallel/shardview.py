@@ -1,5 +1,7 @@
 """See a batch split over N workers, each worker's gradient, and what averaging them gives.
 
+Used by notebook 01 (shard_explorer).
+
 The model is a line, y = w x + b, so a gradient is an arrow in the (w, b) plane:
 each worker's arrow comes from its own shard, and the arrow data-parallel
 training uses is their average. Drawn next to the gradient of the whole batch,
@@ -15,6 +17,7 @@ from torch import nn
 
 from dpcourse.toys.data import line_data
 from dpcourse.toys.models import linear
+from dpcourse.viz.widgets import explorer
 
 POLICIES = ("spread", "drop", "pad")
 
@@ -106,7 +109,6 @@ def shard_explorer(shard_indices, max_batch=40, max_workers=8, seed=3):
     if it raises (not written yet, or a bug), the error is shown instead of a plot.
     """
     import ipywidgets as widgets
-    from IPython.display import display
 
     x, y = line_data(max_batch, seed=seed)
     model = linear(1, 1, seed=seed)
@@ -122,10 +124,7 @@ def shard_explorer(shard_indices, max_batch=40, max_workers=8, seed=3):
                              title=f"{batch} samples over {workers} workers, remainder={remainder!r}: "
                                    f"shard sizes {sizes}")
 
-    batch = widgets.IntSlider(value=10, min=1, max=max_batch, description="batch")
-    workers = widgets.IntSlider(value=4, min=1, max=max_workers, description="workers")
-    remainder = widgets.Dropdown(options=POLICIES, value="spread", description="remainder")
-    out = widgets.interactive_output(draw, dict(batch=batch, workers=workers, remainder=remainder))
-    box = widgets.VBox([widgets.HBox([batch, workers, remainder]), out])
-    display(box)
-    return box
+    controls = dict(batch=widgets.IntSlider(value=10, min=1, max=max_batch, description="batch"),
+                    workers=widgets.IntSlider(value=4, min=1, max=max_workers, description="workers"),
+                    remainder=widgets.Dropdown(options=POLICIES, value="spread", description="remainder"))
+    return explorer(controls, draw)

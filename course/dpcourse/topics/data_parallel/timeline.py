@@ -1,5 +1,7 @@
 """One nn.DataParallel-style iteration, timed phase by phase and stepped through with a slider.
 
+Used by notebook 02 (record_iteration, phase_explorer).
+
 `record_iteration(dp, loss_fn, x, y, optimizer)` runs one training step through
 a DataParallel-like wrapper (the learner's MiniDataParallel, or nn.DataParallel)
 and times what it can see from outside:
@@ -11,7 +13,7 @@ and times what it can see from outside:
     gather (from the last replica's end to the return), loss, backward, and
     the moment each parameter's gradient is complete (the reduce onto the
     original parameters), and the optimizer step.
-`step_through(timeline)` draws the lanes and walks through the phases, with
+`phase_explorer(timeline)` draws the lanes and walks through the phases, with
 what each phase does on real GPUs and how many bytes it moves there.
 """
 
@@ -21,6 +23,8 @@ from dataclasses import dataclass, field
 import matplotlib.pyplot as plt
 
 from dpcourse.topics.data_parallel import replicas as dp_replicas
+from dpcourse.viz.timelines import Span, draw_timeline
+from dpcourse.viz.widgets import explorer
 
 PHASES = ("scatter", "replicate", "launch", "forward", "gather", "loss", "backward", "reduce", "step")
 
@@ -164,23 +168,20 @@ def plot_timeline(timeline, upto=None, ax=None):
     lanes = timeline.lanes()
     current = PHASES.index(upto) if upto in PHASES else len(PHASES)
     end = max(e.end for e in timeline.events)
+    spans, ticks = [], []
     for e in timeline.events:
         row = lanes.index(e.lane) if e.lane in lanes else 0
         order = PHASES.index(e.phase)
         colour = COLOURS[e.phase] if order <= current else (0.85, 0.85, 0.85)
-        edge = "black" if order == current else None
-        if e.phase == "reduce":
-            ax.plot([e.start, e.start], [row + 0.05, row + 0.75], color=colour, lw=1.5)
+        if e.phase == "reduce":  # an instant: the moment a parameter's gradient was complete
+            ticks.append((row, e.start, colour))
         else:
-            width = max(e.end - e.start, end * 0.004)
-            ax.broken_barh([(e.start, width)], (row + 0.1, 0.6), facecolors=colour, edgecolors=edge,
-                           linewidth=1.5)
+            spans.append(Span(row, e.start, e.end, colour, edge="black" if order == current else None))
+    draw_timeline(ax, [lanes], spans, ticks, xlabel="milliseconds since the call", height=0.6,
+                  min_width=end * 0.004)
     for phase in PHASES:
         if any(e.phase == phase for e in timeline.events):
             ax.bar(0, 0, color=COLOURS[phase], label=phase)
-    ax.set_yticks([i + 0.4 for i in range(len(lanes))], lanes)
-    ax.set_ylim(len(lanes), 0)
-    ax.set_xlabel("milliseconds since the call")
     ax.legend(ncol=len(PHASES), fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
     return ax
 
@@ -198,13 +199,13 @@ def describe_phase(timeline, phase, traffic=None):
     return text
 
 
-def step_through(timeline, traffic=None):
-    """A slider over the phases of the iteration: the timeline so far and what the phase does.
+def phase_explorer(timeline, traffic=None):
+    """A slider (and a play button) over the phases of the iteration: the timeline so far and what
+    the phase does.
 
-    traffic: optional {phase: bytes through device 0 on real GPUs} (see dp_costs).
+    traffic: optional {phase: bytes through device 0 on real GPUs} (see topics.data_parallel.costs).
     """
     import ipywidgets as widgets
-    from IPython.display import display
 
     phases = [p for p in PHASES if any(e.phase == p for e in timeline.events)]
 
@@ -214,10 +215,5 @@ def step_through(timeline, traffic=None):
         plt.show()
         print(f"step {k + 1}/{len(phases)} -- {describe_phase(timeline, phase, traffic)}")
 
-    slider = widgets.IntSlider(value=0, min=0, max=len(phases) - 1, description="phase")
-    play = widgets.Play(value=0, min=0, max=len(phases) - 1, interval=1500)
-    widgets.jslink((play, "value"), (slider, "value"))
-    out = widgets.interactive_output(draw, {"k": slider})
-    box = widgets.VBox([widgets.HBox([play, slider]), out])
-    display(box)
-    return box
+    return explorer({"k": widgets.IntSlider(value=0, min=0, max=len(phases) - 1, description="phase")}, draw,
+                    play="k")

@@ -1,5 +1,7 @@
 """Time training steps of several DDP implementations on the same model, interleaved, and compare medians.
 
+Used by notebook 05 (compare_step_times: naive, bucketed and torch DDP).
+
 Why interleaved: on a shared machine (2 cores here, 4 ranks) speed drifts by tens
 of percent over seconds. Timing A for a minute and then B for a minute measures the
 drift; alternating A, B, C, then B, C, A, ... in one run (the order rotates, so no

@@ -1,5 +1,7 @@
 """A scaling study: DDP throughput against world size, measured here and modelled for GPUs.
 
+Used by notebook 06 (the scaling study and its model).
+
 Weak scaling, the way data-parallel jobs grow: each rank keeps its batch (32
 images per GPU in the seeds' ResNet), so N ranks process N times the samples
 per step if communication were free. Then
@@ -21,6 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from dpcourse.reference.splits import ceil_div
 from dpcourse.runtime.backend import rank_device
 from dpcourse.runtime.launcher import launch
 from dpcourse.topics.collectives.costmodel import predicted_time
@@ -91,7 +94,7 @@ def predicted_efficiency(world_sizes, compute_seconds, gradient_bytes, inter_ban
     Gradients go in DDP's 25 MB buckets, each ring step costs `latency`, and
     backward hides the fraction `overlap` of the communication.
     """
-    buckets = max(1, -(-int(gradient_bytes) // int(bucket_bytes)))
+    buckets = max(1, ceil_div(int(gradient_bytes), int(bucket_bytes)))
     result = {}
     for n in world_sizes:
         bandwidth = intra_bandwidth if n <= gpus_per_server else inter_bandwidth

@@ -1,5 +1,7 @@
 """A timeline of one training step as a rank lived it: backward compute per layer, all-reduce per bucket.
 
+Used by notebook 05 (record_timelines, timeline_explorer).
+
 Why: "communication overlaps with backward" is a claim about time, and the way to
 believe it is to see your own step drawn to scale. `record_step` runs one step of
 a DDP wrapper under a `StepTimeline` -- a `CommRecorder` (every c10d call, with its
@@ -11,7 +13,7 @@ each collective *completed* -- and `plot_timeline` draws it:
                                              ^ backward ends   ^ gradients synchronised
 
 Everything right of "backward ends" is communication the step waits for
-(exposed); everything left of it was hidden behind compute. `timeline_widget`
+(exposed); everything left of it was hidden behind compute. `timeline_explorer`
 puts a bucket-size slider on timelines recorded for several bucket caps.
 
 Notes: hooks and the recorder must live in the thread that runs backward; on the
@@ -30,6 +32,8 @@ from dpcourse.runtime.backend import rank_device
 from dpcourse.topics.collectives.costmodel import format_bytes
 from dpcourse.toys.data import my_share, smooth_regression_data
 from dpcourse.toys.models import deep_mlp, loss_fn
+from dpcourse.viz.timelines import Span, draw_timeline
+from dpcourse.viz.widgets import explorer
 
 
 def _work_in(value):
@@ -178,49 +182,41 @@ def plot_timeline(summaries, title="", ax=None):
     ms = 1e3
     end = max(max([*s["marks"].values(), *(c[3] for c in s["comms"]), *(c[2] for c in s["compute"])])
               for s in summaries) * ms or 1.0
-    ticks, labels = [], []
+    groups, spans = [], []
     for rank, s in enumerate(summaries):
-        y_compute, y_comm = 2.4 * rank, 2.4 * rank + 1
+        groups.append([f"rank {rank} backward", f"rank {rank} all-reduce"])
         for i, (layer, start, stop) in enumerate(s["compute"]):
-            ax.barh(y_compute, (stop - start) * ms, left=start * ms, height=0.7,
-                    color=colours(2 * (i % 10) + 1), edgecolor="white", linewidth=0.5)
-            if (stop - start) * ms > 0.05 * end:
-                ax.text((start + stop) / 2 * ms, y_compute, layer, ha="center", va="center", fontsize=7)
+            label = layer if (stop - start) * ms > 0.05 * end else ""
+            spans.append(Span(2 * rank, start * ms, stop * ms, colours(2 * (i % 10) + 1), label, edge="white",
+                              linewidth=0.5))
         for i, (op, nbytes, start, stop) in enumerate(s["comms"]):
             width = max(stop - start, 1e-6) * ms
-            ax.barh(y_comm, width, left=start * ms, height=0.7, color=colours(2 * (i % 10)),
-                    edgecolor="black", linewidth=0.5)
-            if width > 0.08 * end:
-                ax.text(start * ms + width / 2, y_comm, f"{op} {format_bytes(nbytes)}", ha="center",
-                        va="center", fontsize=7, color="white")
-        marks = s["marks"]
+            label = f"{op} {format_bytes(nbytes)}" if width > 0.08 * end else ""
+            spans.append(Span(2 * rank + 1, start * ms, start * ms + width, colours(2 * (i % 10)), label,
+                              edge="black", text_colour="white", linewidth=0.5))
+    ys = draw_timeline(ax, groups, spans, xlabel="milliseconds since backward started   (dashed: backward "
+                       "ends; red: the step waits for communication)")
+    for rank, s in enumerate(summaries):
+        marks, y_compute, y_comm = s["marks"], ys[2 * rank], ys[2 * rank + 1]
         if "backward_end" in marks:
             x = marks["backward_end"] * ms
             ax.plot([x, x], [y_compute - 0.5, y_comm + 0.5], color="black", linestyle="--", linewidth=1)
             if "synced" in marks:
-                ax.add_patch(plt.Rectangle((x, y_compute - 0.5), max(marks["synced"] * ms - x, 0), 2.0,
-                                           color="red", alpha=0.12, linewidth=0))
-        ticks += [y_compute, y_comm]
-        labels += [f"rank {rank} backward", f"rank {rank} all-reduce"]
-    ax.set_yticks(ticks, labels)
-    ax.set_ylim(2.4 * len(summaries) - 0.9, -0.6)
+                ax.add_patch(plt.Rectangle((x, y_compute - 0.5), max(marks["synced"] * ms - x, 0),
+                                           y_comm - y_compute + 1.0, color="red", alpha=0.12, linewidth=0))
     ax.set_xlim(0, end * 1.02)
-    ax.set_xlabel("milliseconds since backward started   (dashed: backward ends; red: the step waits for "
-                  "communication)")
     exposed = exposed_communication(summaries[0]) * 1e3
     n_comms = len(summaries[0]["comms"])
     ax.set_title(title or f"{n_comms} collectives; rank 0 waited {exposed:.2f} ms after backward")
-    ax.spines[["top", "right"]].set_visible(False)
     return ax
 
 
-def timeline_widget(per_rank_summaries, caps):
+def timeline_explorer(per_rank_summaries, caps):
     """A bucket-size slider over timelines recorded for each cap (the result of `record_timelines`).
 
     `per_rank_summaries[r][i]` is rank r's step recorded with bucket cap `caps[i]`.
     """
     import ipywidgets as widgets
-    from IPython.display import display
 
     options = [(format_bytes(cap), i) for i, cap in enumerate(caps)]
 
@@ -236,7 +232,4 @@ def timeline_widget(per_rank_summaries, caps):
 
     slider = widgets.SelectionSlider(options=options, value=len(caps) // 2, description="bucket_cap",
                                      continuous_update=False)
-    out = widgets.interactive_output(draw, {"index": slider})
-    box = widgets.VBox([slider, out])
-    display(box)
-    return box
+    return explorer({"index": slider}, draw)
