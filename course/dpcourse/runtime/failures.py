@@ -142,7 +142,10 @@ def _headline(r, world):
     status = r.exit_status
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
-        return f"rank {r.rank} of {world} was killed by signal {sig} ({signal.Signals(sig).name})"
+        hint = "" if sig != signal.SIGKILL else (
+            " -- a SIGKILL comes from outside the rank, most often for using too much memory (Linux's "
+            "out-of-memory killer, or the memory limit of a graded notebook)")
+        return f"rank {r.rank} of {world} was killed by signal {sig} ({signal.Signals(sig).name}){hint}"
     return (f"rank {r.rank} of {world} exited with code {os.WEXITSTATUS(status)} before returning "
             f"(os._exit, sys.exit in a C extension, or a crash)")
 
