@@ -2,10 +2,7 @@
 
 Used by notebook 05 (compare_step_times: naive, bucketed and torch DDP).
 
-Why interleaved: on a shared machine (2 cores here, 4 ranks) speed drifts by tens
-of percent over seconds. Timing A for a minute and then B for a minute measures the
-drift; alternating A, B, C, then B, C, A, ... in one run (the order rotates, so no
-variant always follows the same one) and comparing medians measures the implementations.
+The variants run interleaved in one run (dpcourse.runtime.timing says why).
 
 A variant is a factory `make(module) -> (model, sync)`: `model(x)` runs forward,
 and `sync()` (or None) is what the training loop calls between backward and the
@@ -17,13 +14,13 @@ A third element, if present, wraps the optimizer (Horovod's design:
 """
 
 import statistics
-import time
 
 import torch
 import torch.distributed as dist
 
 from dpcourse.runtime.backend import rank_device
 from dpcourse.runtime.launcher import launch
+from dpcourse.runtime.timing import interleaved_step_times
 from dpcourse.toys.data import my_share, smooth_regression_data
 from dpcourse.toys.models import deep_mlp, loss_fn
 
@@ -44,27 +41,18 @@ def step_times(variants, depth=6, width=256, per_rank=32, steps=3, rounds=4, dty
         model, sync, *wrap = make(module)
         opt = torch.optim.SGD(module.parameters(), lr=1e-3)
         built[name] = (model, sync, wrap[0](opt) if wrap and wrap[0] is not None else opt)
-    times = {name: [] for name in variants}
-    names = list(built)
-    for round_ in range(rounds):
-        shift = round_ % len(names)  # rotate the order each round: no variant always runs after another
-        for name in names[shift:] + names[:shift]:
-            model, sync, opt = built[name]
-            for _ in range(steps):
-                dist.barrier()
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                start = time.perf_counter()
-                opt.zero_grad()
-                loss_fn(model(x), y).backward()
-                if sync is not None:
-                    sync()
-                opt.step()
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                if round_:
-                    times[name].append(time.perf_counter() - start)
-    return times
+    return interleaved_step_times({name: training_step(*built[name], x, y) for name in built}, rounds, steps)
+
+
+def training_step(model, sync, opt, x, y):
+    """One plain training step of a variant (its sync, if any, between backward and the optimizer)."""
+    def step():
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        if sync is not None:
+            sync()
+        opt.step()
+    return step
 
 
 def compare_step_times(variants, world_size, baseline=None, **options):

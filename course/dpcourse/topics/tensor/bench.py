@@ -11,13 +11,12 @@ and ratios pair each round with itself (topics.ddp.bench explains why).
 """
 
 import statistics
-import time
 
 import torch
-import torch.distributed as dist
 
 from dpcourse.runtime.backend import rank_device
 from dpcourse.runtime.launcher import launch
+from dpcourse.runtime.timing import interleaved_step_times
 from dpcourse.topics.ddp.bench import paired_ratios
 from dpcourse.topics.tensor.models import inputs, mlp
 
@@ -33,26 +32,16 @@ def tp_step_times(variants, d_model=512, d_hidden=2048, tokens=256, steps=3, rou
     for name, make in variants.items():
         module = make(full)
         built[name] = (module, torch.optim.SGD(module.parameters(), lr=1e-3, foreach=False))
-    times = {name: [] for name in variants}
-    names = list(built)
-    for round_ in range(rounds):
-        shift = round_ % len(names)
-        for name in names[shift:] + names[:shift]:
-            module, opt = built[name]
-            for _ in range(steps):
-                dist.barrier()
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                start = time.perf_counter()
-                opt.zero_grad()
-                x.grad = None
-                ((module(x) - target) ** 2).mean().backward()
-                opt.step()
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                if round_:
-                    times[name].append(time.perf_counter() - start)
-    return times
+
+    def step_of(module, opt):
+        def step():
+            opt.zero_grad()
+            x.grad = None
+            ((module(x) - target) ** 2).mean().backward()
+            opt.step()
+        return step
+
+    return interleaved_step_times({name: step_of(*built[name]) for name in built}, rounds, steps)
 
 
 def compare_tp_step_times(variants, world_size, baseline, deadline=300, **options):

@@ -13,16 +13,16 @@ step, so a shared machine's drift hits them alike.
 """
 
 import statistics
-import time
 
 import torch
 import torch.distributed as dist
 
 from dpcourse.runtime.backend import rank_device
 from dpcourse.runtime.launcher import launch
-from dpcourse.topics.ddp.bench import paired_ratios
+from dpcourse.runtime.timing import interleaved_step_times
+from dpcourse.topics.ddp.bench import paired_ratios, training_step
 from dpcourse.toys.data import my_share, smooth_regression_data
-from dpcourse.toys.models import deep_mlp, loss_fn
+from dpcourse.toys.models import deep_mlp
 
 
 def step_times_of(variants, depth=4, width=256, per_rank=32, steps=3, rounds=4, dtype=torch.float32):
@@ -33,27 +33,7 @@ def step_times_of(variants, depth=4, width=256, per_rank=32, steps=3, rounds=4, 
     x, y = my_share(X, Y, 0, per_rank, device=device)
     built = {name: make(deep_mlp(depth, width, d_in=width, d_out=width, seed=0, dtype=dtype, device=device))
              for name, make in variants.items()}
-    times = {name: [] for name in variants}
-    names = list(built)
-    for round_ in range(rounds):
-        shift = round_ % len(names)
-        for name in names[shift:] + names[:shift]:
-            model, sync, opt = built[name]
-            for _ in range(steps):
-                dist.barrier()
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                start = time.perf_counter()
-                opt.zero_grad()
-                loss_fn(model(x), y).backward()
-                if sync is not None:
-                    sync()
-                opt.step()
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                if round_:
-                    times[name].append(time.perf_counter() - start)
-    return times
+    return interleaved_step_times({name: training_step(*built[name], x, y) for name in built}, rounds, steps)
 
 
 def compare_zero_steps(variants, world_size, pairs, deadline=300, **options):
