@@ -17,13 +17,12 @@ its `my_share` of each global batch, plain SGD (no momentum) with learning rate 
 import torch
 import torch.distributed as dist
 
-from dpcourse.comm.recorder import CommOp, CommRecorder
+from dpcourse.comm.calls import launch_run  # noqa: F401 - launch_run is used by 11
+from dpcourse.comm.calls import plain_ops as plain
+from dpcourse.comm.recorder import CommRecorder
 from dpcourse.reference.gradients import gradients_of, state_of
 from dpcourse.runtime.backend import rank_device
-from dpcourse.runtime.failures import LaunchError
 from dpcourse.runtime.inside_rank import to_cpu
-from dpcourse.runtime.launcher import launch, observed_traffic
-from dpcourse.runtime.timeouts import TIMEOUTS
 from dpcourse.topics.compression.data import task_data
 from dpcourse.toys.data import global_batch, my_share
 from dpcourse.toys.models import MODELS, loss_fn
@@ -35,33 +34,6 @@ def build_model(model, seed, device=None):
     """The toy `model` ("deep_mlp", or ("deep_mlp", {"width": 5})) initialised from `seed`, float64."""
     name, options = (model, {}) if isinstance(model, str) else model
     return MODELS[name](seed=seed, device=device, **options)
-
-
-def plain(ops):
-    """CommOp records as plain lists (what a graded rank may return); launch_run turns them back."""
-    return [[o.op, o.peer, o.nbytes, o.start, o.end, o.group] for o in ops]
-
-
-def launch_run(run, world_size, learner, *args, group_timeout=TIMEOUTS["test_group"], **kwargs):
-    """launch(run, world_size, learner, *args, **kwargs) for a test cell.
-
-    Each result's "ops" becomes the rank's communication in the run as the grader's router saw it
-    when graded (the whole launch: DDP's own broadcasts included), else as the rank's own recorder
-    saw it, as CommOp records. A LaunchError becomes an AssertionError whose first line names the
-    rank that failed and how.
-    """
-    try:
-        results = launch(run, world_size, learner, *args, group_timeout=group_timeout, **kwargs)
-    except LaunchError as error:
-        name = getattr(learner, "name", None) or getattr(learner, "__name__", "your code")
-        first, _, rest = str(error).partition("\n")
-        raise AssertionError(f"{name} on {world_size} rank(s): {first}\n{rest}") from None
-    traffic = observed_traffic()
-    for rank, result in enumerate(results):
-        if isinstance(result, dict) and "ops" in result:
-            recorded = [CommOp(*fields) for fields in result["ops"]]
-            result["ops"] = list(traffic[rank]) if traffic is not None else recorded
-    return results
 
 
 def _pair(result, name, what):

@@ -20,14 +20,13 @@ from the whole global batch on each rank), so every call on the wire is the lear
 import torch
 import torch.distributed as dist
 
-from dpcourse.comm.recorder import CommOp, CommRecorder
+from dpcourse.comm import calls
+from dpcourse.comm.calls import plain_ops as plain
+from dpcourse.comm.recorder import CommRecorder
 from dpcourse.reference.flat import flat, trainable
 from dpcourse.reference.gradients import state_of
 from dpcourse.reference.splits import chunk_bounds
 from dpcourse.runtime.backend import rank_device
-from dpcourse.runtime.failures import LaunchError
-from dpcourse.runtime.launcher import launch, observed_traffic
-from dpcourse.runtime.timeouts import TIMEOUTS
 from dpcourse.topics.zero.memory import held_bytes, optimizer_summary
 from dpcourse.topics.zero.units import UnitRecorder
 from dpcourse.toys.data import global_batch, my_share, smooth_regression_data
@@ -63,32 +62,9 @@ def explain_crash(error):
             "(unit.alloc() and the all-gather) before its forward and again before its backward")
 
 
-def launch_run(run, world_size, learner, *args, group_timeout=TIMEOUTS["test_group"], **kwargs):
-    """launch(run, world_size, learner, *args, **kwargs) for a test cell.
-
-    Each result's "ops" becomes the rank's whole communication in the run as the grader's router
-    saw it when graded (launcher.observed_traffic), else as the rank's own recorder saw it (sent
-    back as plain lists: graded ranks return plain values only), as CommOp records. A
-    LaunchError becomes an AssertionError whose first line says which rank failed, and how.
-    """
-    try:
-        results = launch(run, world_size, learner, *args, group_timeout=group_timeout, **kwargs)
-    except LaunchError as error:
-        name = getattr(learner, "name", None) or getattr(learner, "__name__", "your code")
-        first, _, rest = str(error).partition("\n")
-        raise AssertionError(f"{name} on {world_size} rank(s): {first}{explain_crash(error)}\n"
-                             f"{rest}") from None
-    traffic = observed_traffic()
-    for rank, result in enumerate(results):
-        if isinstance(result, dict) and "ops" in result:
-            recorded = [CommOp(*fields) for fields in result["ops"]]
-            result["ops"] = list(traffic[rank]) if traffic is not None else recorded
-    return results
-
-
-def plain(ops):
-    """CommOp records as plain lists, as a rank may return them (launch_run turns them back)."""
-    return [[o.op, o.peer, o.nbytes, o.start, o.end, o.group] for o in ops]
+def launch_run(run, world_size, learner, *args, **kwargs):
+    """comm.calls.launch_run, with a diagnosis of freed FlatUnit memory (explain_crash)."""
+    return calls.launch_run(run, world_size, learner, *args, explain=explain_crash, **kwargs)
 
 
 def run_data(model, seed, steps, per_rank, world_size=None):
