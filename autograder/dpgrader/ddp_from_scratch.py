@@ -17,6 +17,7 @@ from dpcourse.checks.training import expect_single_process_equivalence
 from dpcourse.reference.gradients import single_process_gradients, state_of
 from dpcourse.reference.splits import ceil_div
 from dpcourse.runtime.timeouts import TIMEOUTS
+from dpcourse.topics.ddp.samplers import run_sampler_cases
 from dpcourse.toys.data import my_share, smooth_regression_data
 from dpcourse.toys.models import MODELS
 from dpgrader import ddp_from_scratch_ranks as ranks
@@ -82,18 +83,12 @@ SAMPLER_CASES = [  # n, world size, shuffle, seed, drop_last
 ]
 
 
-def _learner_indices(ShardSampler, n, world_size, shuffle, seed, drop_last, epoch):
-    shards = []
-    for rank in range(world_size):
-        sampler = ShardSampler(n, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed,
-                               drop_last=drop_last)
-        sampler.set_epoch(epoch)
-        indices = [int(i) for i in sampler]
-        if len(sampler) != len(indices):
+def expect_lengths_as_dealt(run, n, world_size):
+    """len() of every rank's sampler equals the number of indices it yields (a DataLoader trusts it)."""
+    for rank, (length, shard) in enumerate(zip(run["lengths"], run["shards"], strict=True)):
+        if length != len(shard):
             raise AssertionError(f"ShardSampler({n}, num_replicas={world_size}, rank={rank}): len() says "
-                                 f"{len(sampler)} but iterating gives {len(indices)} indices")
-        shards.append(indices)
-    return shards
+                                 f"{length} but iterating gives {len(shard)} indices")
 
 
 def explain_sampler_shards(shards, n, drop_last, what):
@@ -131,12 +126,18 @@ def explain_sampler_shards(shards, n, drop_last, what):
 
 
 def check_shard_sampler(ShardSampler):
+    """Every case and epoch runs in one launch (`run_sampler_cases`); verdicts are reached here."""
+    cases = [dict(n=n, world_size=world_size, epoch=epoch, shuffle=shuffle, seed=seed, drop_last=drop_last)
+             for n, world_size, shuffle, seed, drop_last in SAMPLER_CASES for epoch in range(3)]
+    runs = iter(run_sampler_cases(ShardSampler, cases))
     for n, world_size, shuffle, seed, drop_last in SAMPLER_CASES:
         per_epoch = []
         for epoch in range(3):
             what = (f"ShardSampler({n}, num_replicas={world_size}, shuffle={shuffle}, seed={seed}, "
                     f"drop_last={drop_last}), epoch {epoch}")
-            shards = _learner_indices(ShardSampler, n, world_size, shuffle, seed, drop_last, epoch)
+            run = next(runs)
+            expect_lengths_as_dealt(run, n, world_size)
+            shards = run["shards"]
             explain_sampler_shards(shards, n, drop_last, what)
             per_epoch.append(shards)
             for rank, shard in enumerate(shards):

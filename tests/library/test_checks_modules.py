@@ -1,19 +1,29 @@
 """dpcourse.checks.modules: a wrapper is compared with its module, and each kind of mismatch is named."""
 
+from functools import partial
+
 import pytest
 import torch
 from torch import nn
 
-from dpcourse.checks.modules import expect_like_module, expect_same_structure, row_order_hint
-from dpcourse.topics.data_parallel.probes import TwoHeads, indexed_batch
+from dpcourse.checks.modules import (
+    expect_like_module,
+    expect_like_module_results,
+    expect_same_structure,
+    like_module_run,
+    row_order_hint,
+    run_like_modules,
+)
+from dpcourse.topics.data_parallel.probes import Fails, ParallelProbe, TwoHeads, indexed_batch
 from dpcourse.toys.models import mlp
 
 
 class Halves(nn.Module):
     """Calls the module on the two halves of the batch, in one thread (right or deliberately wrong)."""
 
-    def __init__(self, module, mistake=None):
+    def __init__(self, module, devices, mistake=None):
         super().__init__()
+        self.devices = devices
         self.module, self.mistake = module, mistake
 
     def forward(self, x):
@@ -32,9 +42,33 @@ class Halves(nn.Module):
 
 def test_a_correct_wrapper_passes_even_with_tuple_outputs():
     model = mlp(4, 8, 2)
-    expect_like_module(Halves(model), model, (indexed_batch(6),), what="halves")
+    run = expect_like_module(Halves, model, ["cpu"], (indexed_batch(6),), what="halves", wrap=ParallelProbe)
+    assert sorted(c["rows"] for c in run["calls"]) == [[0, 1, 2], [3, 4, 5]]
     heads = TwoHeads()
-    expect_like_module(Halves(heads), heads, (indexed_batch(6),), what="halves")
+    expect_like_module(Halves, heads, ["cpu"], (indexed_batch(6),), what="halves")
+
+
+def test_the_run_is_plain_and_errors_come_back_as_text():
+    """What a rank returns: plain values only, the learner's exception as [type, message]."""
+    run = like_module_run(Halves, TwoHeads(), ["cpu"], (indexed_batch(4),))
+    assert run["error"] is None and run["requires_grad"] and run["devices"] == ["cpu", "cpu"]
+    assert run["output"][1][1] == "label" and not run["output"][0].requires_grad
+    assert all(isinstance(g, torch.Tensor) for g in run["grads"])
+    failed = like_module_run(Halves, Fails(bad_row=1), ["cpu"], (indexed_batch(4),))
+    assert failed["error"] == ["ValueError", "row 1 is corrupt"]
+    no_grad = like_module_run(Halves, mlp(4, 8, 2), ["cpu"], (indexed_batch(4),), no_grad=True,
+                              wrap=ParallelProbe)
+    assert not no_grad["requires_grad"] and not any(c["grad_enabled"] for c in no_grad["calls"])
+
+
+def test_several_cases_in_one_launch_and_a_probe_diagnosis_is_kept():
+    model = mlp(4, 8, 2)
+    runs = run_like_modules(Halves, [dict(module=model, devices=["cpu"], args=(indexed_batch(6),)),
+                                     dict(module=model, devices=["cpu"], args=(indexed_batch(6),),
+                                          wrap=partial(ParallelProbe, parties=2, timeout=0.2))])
+    expect_like_module_results(runs[0], model, (indexed_batch(6),), what="halves")
+    with pytest.raises(AssertionError, match="^the replicas did not run in parallel"):
+        expect_like_module_results(runs[1], model, (indexed_batch(6),), what="halves")
 
 
 @pytest.mark.parametrize("mistake, message", [
@@ -45,7 +79,8 @@ def test_a_correct_wrapper_passes_even_with_tuple_outputs():
 def test_each_mistake_is_named(mistake, message):
     model = mlp(4, 8, 2)
     with pytest.raises(AssertionError, match=message):
-        expect_like_module(Halves(model, mistake), model, (indexed_batch(6),), what="halves")
+        expect_like_module(Halves, model, ["cpu"], (indexed_batch(6),), what="halves",
+                           wrapper_kwargs=dict(mistake=mistake))
 
 
 def test_structures_types_devices_and_objects():

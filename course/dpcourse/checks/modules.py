@@ -1,6 +1,10 @@
 """Checks for a DataParallel-like wrapper: same outputs and same gradients as the plain module.
 
 Used by notebook 02 (the MiniDataParallel and scatter test cells) and its hidden checks.
+The learner's wrapper is built and called inside a one-rank launch (`run_like_module`), which
+returns plain values: outputs, gradients, devices, the probe's records. The test cell calls the
+plain module itself and compares (`expect_like_module_results`): the grader never holds the
+learner's objects (docs/authoring.md, rules 1-3).
 
 The reference is the module itself, called once on the whole batch: a
 data-parallel wrapper must be invisible, up to rounding. When it is not, the
@@ -99,40 +103,125 @@ def scalar_of(output):
     return total
 
 
-def expect_like_module(wrapper, module, args, kwargs=None, what="the wrapper", output_device=None):
-    """The wrapper called on (args, kwargs) gives the module's output, and the same gradients.
+def like_module_run(wrapper_cls, module, devices, args, kwargs=None, wrap=None, wrapper_kwargs=None,
+                    no_grad=False):
+    """Inside a rank: build `wrapper_cls(wrap(module), devices, **wrapper_kwargs)`, call it on
+    (args, kwargs) and return what happened as plain values (docs/authoring.md, rules 1-2).
 
-    `module` must be the wrapped module (its parameters are the ones checked); it
-    is called once on the whole batch for the expected values.
+    Why in a rank: a test cell never holds the learner's wrapper; it launches this function and
+    compares the plain results with the module it called itself (`expect_like_module_results`).
+    `wrap` (picklable, e.g. `functools.partial(ParallelProbe, parties=4)`) turns the module into
+    the one the wrapper gets; if that object records `.calls`, they come back too.
+    Returns {"error": [type name, message] or None, "output": the output with tensors detached on
+    the CPU, "devices": the device of each output tensor, "requires_grad": whether the output can
+    be differentiated, "grads": the gradients of `module`'s parameters (None where none), "calls"}.
+    """
+    target = wrap(module) if wrap is not None else module
+    run = {"error": None, "output": None, "devices": [], "requires_grad": False, "grads": [],
+           "calls": None}
+    try:
+        wrapper = wrapper_cls(target, devices, **(wrapper_kwargs or {}))
+        if no_grad:
+            with torch.no_grad():
+                out = wrapper(*args, **(kwargs or {}))
+        else:
+            out = wrapper(*args, **(kwargs or {}))
+    except Exception as exc:  # noqa: BLE001 - the test cell names the case and the learner's error
+        run["error"] = [type(exc).__name__, str(exc)]
+        run["calls"] = _plain_calls(target)
+        return run
+    params = [p for p in module.parameters() if p.requires_grad]
+    loss = scalar_of(out)
+    run["requires_grad"] = isinstance(loss, torch.Tensor) and loss.requires_grad
+    if run["requires_grad"]:
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        run["grads"] = [None if g is None else g.detach().cpu() for g in grads]
+    run.update(output=_plain_output(out), devices=[str(t.device) for t in tensor_leaves(out)],
+               calls=_plain_calls(target))
+    return run
+
+
+def _plain_output(obj):
+    """The output with tensors detached on the CPU, containers kept, other objects shown as text
+    unless they are plain (numbers, strings, None)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_plain_output(o) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _plain_output(v) for k, v in obj.items()}
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    return f"<a {type(obj).__name__} object>"
+
+
+def _plain_calls(target):
+    calls = getattr(target, "calls", None)
+    return [dict(c) for c in calls] if isinstance(calls, list) else None
+
+
+def run_like_module(wrapper_cls, module, devices, args, kwargs=None, *, wrap=None, wrapper_kwargs=None,
+                    no_grad=False):
+    """`like_module_run` in a one-rank launch: the learner's wrapper is built and used there."""
+    from dpcourse.runtime.launcher import launch  # not at import: checks stay importable without ranks
+
+    return launch(like_module_run, 1, wrapper_cls, module, devices, tuple(args), dict(kwargs or {}), wrap,
+                  dict(wrapper_kwargs or {}), no_grad)[0]
+
+
+def like_module_runs(wrapper_cls, cases):
+    """Inside a rank: `like_module_run` of every case (a dict of its keyword arguments), in order."""
+    return [like_module_run(wrapper_cls, **case) for case in cases]
+
+
+def run_like_modules(wrapper_cls, cases):
+    """Several `like_module_run` cases in one one-rank launch (a launch costs ~0.5 s while graded)."""
+    from dpcourse.runtime.launcher import launch
+
+    return launch(like_module_runs, 1, wrapper_cls, list(cases))[0]
+
+
+def expect_like_module_results(run, module, args, kwargs=None, what="the wrapper", output_device=None):
+    """The wrapper's run (`like_module_run`) gave the module's output and the same gradients.
+
+    `module` is the wrapped module (its parameters are the ones checked); it is called here, once
+    on the whole batch, for the expected values.
     """
     kwargs = kwargs or {}
+    if run["error"] is not None:
+        kind, message = run["error"]
+        if kind == "AssertionError":  # a probe's own diagnosis ("the replicas did not run in parallel")
+            raise AssertionError(message)
+        raise AssertionError(f"{what} raised {kind}: {message}")
     params = [p for p in module.parameters() if p.requires_grad]
     expected = module(*args, **kwargs)
     expected_grads = torch.autograd.grad(scalar_of(expected), params, allow_unused=True)
-    try:
-        got = wrapper(*args, **kwargs)
-    except AssertionError:
-        raise
-    except Exception as exc:  # say which case broke, keep the learner's error in the message
-        raise AssertionError(f"{what} raised {type(exc).__name__}: {exc}") from exc
-    expect_same_structure(got, expected, f"the output of {what}", devices=None)
+    expect_same_structure(run["output"], _plain_output(expected), f"the output of {what}", devices=None)
     if output_device is not None:
-        for t in tensor_leaves(got):
-            if t.device != torch.device(output_device):
-                raise AssertionError(f"the output of {what} is on {t.device}, expected the output device "
+        for device in run["devices"]:
+            if torch.device(device) != torch.device(output_device):
+                raise AssertionError(f"the output of {what} is on {device}, expected the output device "
                                      f"{torch.device(output_device)}")
-    loss = scalar_of(got)
-    if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
+    if not run["requires_grad"]:
         raise AssertionError(f"the output of {what} does not require grad: gradients cannot flow back to "
                              f"the module's parameters (was it detached, or computed under no_grad?)")
-    grads = torch.autograd.grad(loss, params, allow_unused=True)
     names = [n for n, p in module.named_parameters() if p.requires_grad]
-    for name, g, e in zip(names, grads, expected_grads, strict=True):
+    for name, g, e in zip(names, run["grads"], expected_grads, strict=True):
         if e is None:
             continue
         if g is None:
             raise AssertionError(f"after backward through {what}, {name} got no gradient")
-        g, e = g.detach().cpu(), e.detach().cpu()
+        e = e.detach().cpu()
         if not is_close(g, e, atol=ATOL, rtol=RTOL):
             raise AssertionError(f"after backward through {what}, the gradient of {name} is {describe(g)}, "
                                  f"expected {describe(e)} (the plain module's){float_hint(g, e)}")
+
+
+def expect_like_module(wrapper_cls, module, devices, args, kwargs=None, *, what="the wrapper", wrap=None,
+                       wrapper_kwargs=None, output_device=None):
+    """Run the learner's wrapper class in a rank (`run_like_module`) and compare it with `module`
+    called here (`expect_like_module_results`). Returns the run (its `calls`, for further checks)."""
+    run = run_like_module(wrapper_cls, module, devices, args, kwargs, wrap=wrap,
+                          wrapper_kwargs=wrapper_kwargs)
+    expect_like_module_results(run, module, args, kwargs, what=what, output_device=output_device)
+    return run
