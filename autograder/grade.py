@@ -95,13 +95,50 @@ def _grade_assignment(assignment, notebooks, keep, sandboxed=True):
         env = dict(os.environ, DPCOURSE_COURSE_ROOT=str(root),
                    DPCOURSE_DB_URL=f"sqlite:///{root / 'gradebook.db'}", DPCOURSE_SANDBOX=str(int(sandboxed)))
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-        log = _nbgrader(["generate_assignment", assignment, "--force"], env)
+        log = _generated_gradebook(assignment, root, env)
         log += _nbgrader(["autograde", assignment, "--force"], env)
         return [_collect(root, assignment, student, nb, log)
                 for student, nb in zip(students, notebooks, strict=True)]
     finally:
         if not keep:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def _generated_gradebook(assignment, root, env):
+    """Put the assignment's gradebook (what generate_assignment records) at root/gradebook.db.
+
+    generate_assignment takes as long as grading a notebook, and its result depends only on the
+    instructor's notebooks and the nbgrader configuration: it is kept in a cache keyed by their
+    contents (and the nbgrader version), so it runs once per change. The cache is outside every
+    sandbox; a stale entry cannot be used, because any change to its inputs changes the key.
+    """
+    cached = _gradebook_cache() / f"{assignment}-{_sources_key(assignment)}.db"
+    if cached.exists():
+        shutil.copy(cached, root / "gradebook.db")
+        return ""
+    log = _nbgrader(["generate_assignment", assignment, "--force"], env)
+    if (root / "gradebook.db").exists():
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        partial = cached.with_suffix(f".{os.getpid()}.tmp")
+        shutil.copy(root / "gradebook.db", partial)
+        os.replace(partial, cached)
+    return log
+
+
+def _gradebook_cache():
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "dpcourse" / "gradebooks"
+
+
+def _sources_key(assignment):
+    import hashlib
+    from importlib.metadata import version
+
+    digest = hashlib.sha256(version("nbgrader").encode())
+    for path in sorted((SOLUTIONS / assignment).rglob("*")) + [AUTOGRADER / "nbgrader_config.py"]:
+        if path.is_file():
+            digest.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def _source_name(assignment, notebook):

@@ -9,6 +9,7 @@ nbgrader from autograder/ (grade.py writes its own copy for a scratch course).
 
 import os
 import pathlib
+import runpy
 
 from nbconvert.preprocessors import ClearMetadataPreprocessor
 from nbgrader.preprocessors import (
@@ -19,11 +20,14 @@ from nbgrader.preprocessors import (
     SaveAutoGrades,
 )
 
-from dpcourse.runtime.timeouts import TIMEOUTS
 from dpgrader.judge.kernel import KERNEL_NAME, kernelspec
 from dpgrader.judge.steps import JudgedExecute, ReplayOutputs
 
 here = os.path.dirname(os.path.abspath(__file__))
+# the course's one table of timeouts, read without importing dpcourse (whose package imports torch:
+# nbgrader's own processes need none of it)
+TIMEOUTS = runpy.run_path(os.path.join(here, "..", "course", "dpcourse", "runtime",
+                                       "timeouts.py"))["TIMEOUTS"]
 c = get_config()  # provided by traitlets when it loads this file
 
 c.CourseDirectory.root = os.environ.get("DPCOURSE_COURSE_ROOT", os.path.dirname(here))
@@ -73,6 +77,10 @@ c.Autograde.autograde_preprocessors = [
 ]
 c.JudgedExecute.source_root = os.path.join(c.CourseDirectory.root, "solutions")
 c.JudgedExecute.sandbox = SANDBOXED
+# The judge gives every grade. Running the submission's own (non-test, non-demo) cells in the
+# sandboxed kernel as well only adds their outputs to the feedback, and costs a kernel per notebook:
+# off unless DPCOURSE_RUN_KERNEL=1.
+c.JudgedExecute.run_submission = os.environ.get("DPCOURSE_RUN_KERNEL", "0") == "1"
 if SANDBOXED:
     c.JudgedExecute.kernel_name = KERNEL_NAME
     spec_folder = kernelspec(pathlib.Path(here) / ".jupyter")

@@ -234,7 +234,10 @@ def test_a_class_with_hostile_submissions_is_graded_honestly_and_completely(tmp_
     broken = submitted / "truncated" / "00_orientation" / "00_orientation.ipynb"
     broken.parent.mkdir(parents=True)
     broken.write_text(path.read_text()[:500])
+    # DPCOURSE_RUN_KERNEL=1: the submissions' own cells also run in the sandboxed kernel (off by default),
+    # so the daemon, the print and the loop are met there as well as in the judge
     env = dict(os.environ, DPCOURSE_COURSE_ROOT=str(root), DPCOURSE_CELL_TIMEOUT="10", DPCOURSE_DEADLINE="20",
+               DPCOURSE_RUN_KERNEL="1",
                DPCOURSE_DB_URL=f"sqlite:///{root / 'gradebook.db'}")
     start = time.monotonic()
     proc = subprocess.run([sys.executable, str(REPO / "autograder" / "autograde.py"), "--jobs", "2"], env=env,

@@ -19,6 +19,7 @@ import torch
 from dpcourse import launch
 from dpcourse.runtime import launcher
 from dpcourse.runtime.zygote import LearnerName, call_learner
+from dpgrader.judge.cell_kinds import is_demo, is_graded_test, nbgrader_meta  # noqa: F401 - used here and by cells.py
 
 
 def learner_exception(name, message):
@@ -47,19 +48,6 @@ def read_notebook(path):
         cells.append(SimpleNamespace(cell_type=cell.get("cell_type"), metadata=cell.get("metadata", {}),
                                      source="".join(source) if isinstance(source, list) else source))
     return SimpleNamespace(cells=cells)
-
-
-def nbgrader_meta(cell):
-    return cell.metadata.get("nbgrader", {})
-
-
-def is_graded_test(cell):
-    meta = nbgrader_meta(cell)
-    return cell.cell_type == "code" and bool(meta.get("grade")) and not meta.get("solution")
-
-
-def is_demo(cell):
-    return "demo" in cell.metadata.get("tags", [])
 
 
 def program_cells(submission):

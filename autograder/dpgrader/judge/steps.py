@@ -24,7 +24,7 @@ from nbformat.v4 import new_output
 from nbgrader.preprocessors import Execute
 from traitlets import Bool, Integer, Unicode
 
-from dpgrader.judge.learner import is_graded_test
+from dpgrader.judge.cell_kinds import is_graded_test
 
 AUTOGRADER = Path(__file__).resolve().parents[2]
 
@@ -42,13 +42,16 @@ class JudgedExecute(Execute):
     sandbox = Bool(True, help="run the learner's code in sandboxes").tag(config=True)
     judge_timeout = Integer(900, help="seconds the judge may take for one notebook").tag(config=True)
     output_limit = Integer(100_000, help="characters of output kept per cell").tag(config=True)
+    run_submission = Bool(False, help="also run the submission's own cells in the sandboxed kernel, so that "
+                          "the feedback shows their outputs (grades never depend on it)").tag(config=True)
 
     def preprocess(self, nb, resources=None, km=None):
         names = resources["nbgrader"]
         source = Path(self.source_root) / names["assignment"] / f"{names['notebook']}.ipynb"
         with Judge(source, nb, self.sandbox, self.judge_timeout) as judge:
             try:
-                nb, resources = super().preprocess(nb, resources, km)
+                if self.run_submission:
+                    nb, resources = super().preprocess(nb, resources, km)
             except (CellTimeoutError, DeadKernelError, RuntimeError, TimeoutError) as exc:
                 self.log.warning("the submission's kernel stopped (%s): its test cells are judged anyway",
                                  exc)
