@@ -31,7 +31,8 @@ from dpcourse.topics.tensor.models import inputs
 
 # --------------------------------------------------------------------------- 1. grids
 
-GRIDS = {4: [dict(dp=2, tp=2), dict(dp=1, tp=4), dict(dp=4, tp=1), dict(dp=1, tp=2, pp=2), dict(dp=2, tp=1, pp=2)],
+GRIDS = {4: [dict(dp=2, tp=2), dict(dp=1, tp=4), dict(dp=4, tp=1), dict(dp=1, tp=2, pp=2),
+              dict(dp=2, tp=1, pp=2)],
          8: [dict(dp=2, tp=2, pp=2), dict(dp=1, tp=4, pp=2), dict(dp=4, tp=2, pp=1)]}
 BAD = {4: dict(dp=2, tp=3), 8: dict(dp=3, tp=3)}
 
@@ -52,7 +53,8 @@ def check_make_grid_groups(make_grid_groups):
 
 
 def _batches(rows, d_in, d_out, steps, seed):
-    return [(inputs((rows, d_in), seed=seed + s), inputs((rows, d_out), seed=seed + 50 + s)) for s in range(steps)]
+    return [(inputs((rows, d_in), seed=seed + s), inputs((rows, d_out), seed=seed + 50 + s))
+            for s in range(steps)]
 
 
 DP_TP = [dict(grid=(1, 4), model=dict(blocks=1, seed=11), lr=0.2, batches=_batches(4, 6, 3, 3, 100)),
@@ -65,8 +67,9 @@ def check_hybrid_dp_tp_step(hybrid_dp_tp_step):
     runs = run_dp_tp_cases(hybrid_dp_tp_step, DP_TP)
     for case, case_runs in zip(DP_TP, runs, strict=True):
         dp, tp = case["grid"]
-        expect_dp_tp(case_runs, case, f"hybrid_dp_tp_step on {dp} x {tp} (dp x tp), {case['model']['blocks']} "
-                                      f"block(s), {len(case['batches'])} steps")
+        blocks, steps = case["model"]["blocks"], len(case["batches"])
+        what = f"hybrid_dp_tp_step on {dp} x {tp} (dp x tp), {blocks} block(s), {steps} steps"
+        expect_dp_tp(case_runs, case, what)
 
 
 # --------------------------------------------------------------------------- 3. data x pipeline
@@ -125,8 +128,9 @@ def check_plan(plan):
     cases = _plan_cases()
     refused = fitted = 0
     for (model, cl), outcome in zip(cases, run_plan_cases(plan, cases), strict=True):
-        what = (f"plan({model['params'] / 1e9:g}B parameters, {model['layers']} layers, batch {model['batch']}; "
-                f"{cl['nodes']} x {cl['gpus_per_node']} GPUs of {cl['memory'] / 1e9:g} GB)")
+        what = (f"plan({model['params'] / 1e9:g}B parameters, {model['layers']} layers, "
+                f"batch {model['batch']}; {cl['nodes']} x {cl['gpus_per_node']} GPUs of "
+                f"{cl['memory'] / 1e9:g} GB)")
         best, _ = best_layout(model, cl)
         if best is None:
             refused += 1
@@ -134,4 +138,5 @@ def check_plan(plan):
         else:
             fitted += 1
             expect_plan(outcome, model, cl, best, what)
-    assert refused and fitted, "the hidden planner cases must include layouts that fit and clusters where none does"
+    assert refused and fitted, ("the hidden planner cases must include layouts that fit and clusters "
+                                "where none does")

@@ -79,7 +79,8 @@ def time_layouts(layouts, dp_tp_step, dp_pp_step, rounds=5, n_micro=4, dtype=tor
     """{name: [seconds of each round]} of one training step per layout, interleaved (4 ranks).
 
     layouts: {name: ("dp_tp", (dp, tp)) or ("dp_pp", (dp, pp))}, each run with the learner's step."""
-    return launch(_timing_side, 4, layouts, dp_tp_step, dp_pp_step, rounds, n_micro, dtype, deadline=deadline)[0]
+    return launch(_timing_side, 4, layouts, dp_tp_step, dp_pp_step, rounds, n_micro, dtype,
+                  deadline=deadline)[0]
 
 
 def _calibration_side(sizes, repeats):

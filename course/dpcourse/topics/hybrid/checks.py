@@ -1,4 +1,5 @@
-"""Verdicts for notebook 09's test cells: grids against init_device_mesh's layout, training against one process.
+"""Verdicts for notebook 09's test cells: grids against init_device_mesh's layout, training against one
+process.
 
     expect_grid(run_grid_cases(make_grid_groups, 4, [case])[0], case, "make_grid_groups(2, 2)")
     expect_dp_tp(run_dp_tp_cases(hybrid_dp_tp_step, [case])[0], case, "hybrid_dp_tp_step on 2 x 2")
@@ -96,7 +97,7 @@ def expect_group_order(reports, what):
 def expect_grid(reports, case, what):
     """A learner's grid on every rank: no error, same group order, sizes, coordinates, members."""
     dp, tp, pp = case["dp"], case["tp"], case.get("pp", 1)
-    for rank, report in enumerate(reports):
+    for report in reports:
         error = report.get("error")
         if error and error.startswith("GroupOrderError"):
             raise AssertionError(f"{what}: {error.split(': ', 1)[1]}")
@@ -126,7 +127,8 @@ def expect_grid(reports, case, what):
                                      f".view({dp}, {pp}, {tp})){hint}")
             axis = next(a for a in AXES if got_members[a] != want["members"][a])
             raise AssertionError(f"{what}: rank {rank}'s {axis} group has members {report['members'][axis]}, "
-                                 f"expected {want['members'][axis]} (init_device_mesh(..., ({dp}, {pp}, {tp}), "
+                                 f"expected {want['members'][axis]} (init_device_mesh(..., ({dp}, {pp}, "
+                                 f"{tp}), "
                                  f"mesh_dim_names=('dp', 'pp', 'tp'))['{axis}'] on rank {rank}){hint}")
 
 
@@ -168,17 +170,19 @@ def _close(got, expected):
             and torch.allclose(got.double(), expected.double(), atol=ATOL, rtol=RTOL))
 
 
-def _fail_report(case_runs, what, describe_rank=None):
+def _fail_report(case_runs, what, describe_rank=None, where=None):
+    """A step raised on some rank: name the first rank that raised of its own accord (not one that
+    only waited for a peer); for a pure wait, describe_rank(run) says where each rank was."""
     failed = [r for r in case_runs if r.error]
     if not failed:
         return
-    genuine = [r for r in failed if not getattr(r, "waited", False)] or failed
-    first = genuine[0]
+    first = ([r for r in failed if not getattr(r, "waited", False)] or failed)[0]
     lines = ""
     if describe_rank is not None and all(getattr(r, "waited", False) for r in failed):
         lines = "\n" + "\n".join(f"  {describe_rank(r)}" for r in case_runs)
-    raise AssertionError(f"{what}: rank {first.rank} raised in step {first.failed_step + 1}: {first.error}"
-                         + lines)
+    context = f" ({where(first.rank)})" if where is not None else ""
+    raise AssertionError(f"{what}: rank {first.rank}{context} raised in step {first.failed_step + 1}: "
+                         f"{first.error}{lines}")
 
 
 def _group_label(group):
@@ -193,22 +197,29 @@ def _expect_groups(case_runs, members, what, allowed_axes, p2p_axis=None):
         for step, ops in enumerate(run.steps):
             for o in ops:
                 if o.op in ("send", "recv"):
-                    peer = o.world_peer
-                    pipeline = tuple(mine[p2p_axis]) if p2p_axis else ()
-                    if peer not in pipeline or peer == run.rank:
-                        raise AssertionError(
-                            f"{what}: in step {step + 1} rank {run.rank} {'sent to' if o.op == 'send' else 'received from'} "
-                            f"rank {peer}, outside its pipeline {pipeline} (its pp group): a stage's "
-                            f"neighbours are world ranks of its own replica -- build the stage with "
-                            f"ranks=grid.members('pp') and index grid.coords['pp']")
+                    _expect_neighbour(run, step, o, tuple(mine[p2p_axis]) if p2p_axis else (), what)
                     continue
                 if _group_label(o.group) in groups.values():
                     continue
                 names = ", ".join(f"{a} {g}" for a, g in groups.items())
                 world = " -- the whole world: pass the group (grid.groups[...]) to every collective" if (
                     o.group and len(o.group) == len(case_runs)) else ""
-                raise AssertionError(f"{what}: in step {step + 1} rank {run.rank}'s {o.op} of {o.nbytes} bytes "
-                                     f"ran on ranks {_group_label(o.group)}, outside its groups ({names}){world}")
+                raise AssertionError(f"{what}: in step {step + 1} rank {run.rank}'s {o.op} of {o.nbytes} "
+                                     "bytes "
+                                     f"ran on ranks {_group_label(o.group)}, outside its groups "
+                                     f"({names}){world}")
+
+
+def _expect_neighbour(run, step, o, pipeline, what):
+    peer = o.world_peer
+    if peer in pipeline and peer != run.rank:
+        return
+    verb = "sent to" if o.op == "send" else "received from"
+    raise AssertionError(f"{what}: in step {step + 1} rank {run.rank} {verb} rank {peer}, outside its "
+                         "pipeline "
+                         f"{pipeline} (its pp group): a stage's neighbours are world ranks of its own "
+                         "replica -- "
+                         f"build the stage with ranks=grid.members('pp') and index grid.coords['pp']")
 
 
 def _sent_on(ops, group):
@@ -219,6 +230,16 @@ def _sent_on(ops, group):
             if o.op == "send" or len(group) > 1:
                 total += ring_bytes(o)
     return total
+
+
+def _multiple_of(extra, previous):
+    """c > 0.5 when `extra` is c times `previous` (a previous update added in again), else 0."""
+    previous, extra = previous.double().flatten(), extra.double().flatten()
+    norm = float(previous @ previous)
+    if norm < 1e-24:
+        return 0.0
+    c = float(extra @ previous) / norm
+    return c if c > 0.5 and (extra - c * previous).norm() <= 1e-6 * extra.norm() else 0.0
 
 
 def _expect_param(got, expected, before, previous_update, where):
@@ -234,12 +255,12 @@ def _expect_param(got, expected, before, previous_update, where):
     hint = ratio_hint(update, right)
     if _close(update, torch.zeros_like(right)):
         hint = " -- it did not change: was the update applied (p -= lr * grad, under torch.no_grad())?"
-    elif previous_update is not None and _close(update, right + previous_update.double()):
+    elif previous_update is not None and _multiple_of(update - right, previous_update):
         hint = (" -- the previous step's gradient was added in again: gradients accumulate in .grad, so "
                 "clear them after each update (p.grad = None)")
     elif hint:
-        hint = f" -- the update is {hint.strip()[1:-1]}: average the gradients over the dp group (sum, then " \
-               f"divide by dp)"
+        hint = (f" -- the update is {hint.strip()[1:-1]}: average the gradients over the dp group (sum, then "
+                f"divide by dp)")
     raise AssertionError(f"{where} is {describe(got)}, expected {describe(expected)}{hint}")
 
 
@@ -250,15 +271,20 @@ def _expect_loss(run, step, expected_losses, whole, replica, what):
         return
     hint = ""
     if isinstance(got, (int, float)):
-        other = [d for d, v in enumerate(expected_losses) if math.isclose(got, v, rel_tol=1e-9, abs_tol=1e-12)]
+        other = [d for d, v in enumerate(expected_losses)
+                 if math.isclose(got, v, rel_tol=1e-9, abs_tol=1e-12)]
         if other:
-            hint = (f" -- that is the loss of replica {other[0]}'s rows: rank {run.rank} is in replica {replica} "
+            hint = (f" -- that is the loss of replica {other[0]}'s rows: rank {run.rank} is in replica "
+                    f"{replica} "
                     f"(grid.coords['dp']); slice the batch by the dp coordinate, not by the world rank")
         elif math.isclose(got, whole, rel_tol=1e-9):
-            hint = f" -- that is the loss of the whole batch: each replica trains on its 1/{len(expected_losses)} of the rows"
-    raise AssertionError(f"{what}: rank {run.rank}'s loss in step {step + 1} is {got!r}, expected {want:.12g}, "
-                         f"the loss of replica {replica}'s rows (batch.tensor_split(dp)[{replica}], the same rows on "
-                         f"every rank of the replica){hint}")
+            hint = (f" -- that is the loss of the whole batch: each replica trains on its "
+                    f"1/{len(expected_losses)} of the rows")
+    raise AssertionError(f"{what}: rank {run.rank}'s loss in step {step + 1} is {got!r}, expected "
+                         f"{want:.12g}, "
+                         f"the loss of replica {replica}'s rows (batch.tensor_split(dp)[{replica}], the "
+                         "same rows "
+                         f"on every rank of the replica){hint}")
 
 
 def dp_tp_reference(case):
@@ -281,39 +307,46 @@ def expect_dp_tp(case_runs, case, what):
             if tp_sent is not None and tp_sent > formula["tp"] + 0.5:
                 raise AssertionError(
                     f"{what}: in step {step + 1} rank {run.rank} sent {tp_sent:.0f} bytes on its tp group "
-                    f"{tuple(tp_group)}, but the model's own all-reduces (g forward, f backward, one each per "
+                    f"{tuple(tp_group)}, but the model's own all-reduces (g forward, f backward, one each "
+                    "per "
                     f"block) send {formula['tp']:.0f}: parameter gradients are not all-reduced over tp -- "
-                    f"each tp rank holds a different slice of the split layers, and already the same, complete "
+                    "each tp rank holds a different slice of the split layers, and already the same, "
+                    "complete "
                     f"gradient of the replicated ones (f and g made it so); average over the dp group only")
             dp_sent = _sent_on(ops, dp_group)
             if abs(dp_sent - formula["dp"]) > 0.5:
                 n = len(dp_group)
                 raise AssertionError(
                     f"{what}: in step {step + 1} rank {run.rank} sent {dp_sent:.0f} bytes on its dp group "
-                    f"{tuple(dp_group)}, expected {formula['dp']:.0f}: every local gradient all-reduced once over "
+                    f"{tuple(dp_group)}, expected {formula['dp']:.0f}: every local gradient all-reduced "
+                    "once over "
                     f"the dp group, 2(dp - 1)/dp = {2 * (n - 1)}/{n} of its bytes per rank")
     _expect_values(case_runs, case, what, dp_tp_reference(case), grid,
                    local=lambda name, full, coords: shard(full, placement(name), coords["tp"], tp))
 
 
 def _expect_values(case_runs, case, what, reference, grid, local, last_only=None):
-    initial = _initial_parameters(case)
-    for run in case_runs:
-        coords = grid[run.rank]["coords"]
-        replica = coords["dp"]
-        for step in range(len(case["batches"])):
+    """Step by step: every rank's loss (a wrong slice of the batch shows there), then every rank's
+    parameters after the step, against the one-process reference."""
+    history = [_initial_parameters(case)] + reference["params"]  # history[k]: before step k + 1
+    for step in range(len(case["batches"])):
+        for run in case_runs:
+            coords = grid[run.rank]["coords"]
             if last_only is None or last_only(run.rank):
-                _expect_loss(run, step, reference["losses"][step], reference["whole"][step], replica, what)
+                _expect_loss(run, step, reference["losses"][step], reference["whole"][step], coords["dp"],
+                             what)
             elif step < len(run.losses) and run.losses[step] is not None:
                 raise AssertionError(f"{what}: rank {run.rank} (pipeline stage {coords['pp']}) returned "
-                                     f"{run.losses[step]!r} in step {step + 1}; only the last stage has a loss: "
+                                     f"{run.losses[step]!r} in step {step + 1}; only the last stage has a "
+                                     "loss: "
                                      f"return None elsewhere")
+        for run in case_runs:
+            coords = grid[run.rank]["coords"]
             got = run.params[step] if step < len(run.params) else {}
             for name, full in reference["params"][step].items():
                 want = local(name, full, coords)
                 if want is None:
                     continue
-                history = [initial] + reference["params"]  # history[k]: the parameters before step k + 1
                 before = local(name, history[step][name], coords)
                 previous = (before - local(name, history[step - 1][name], coords)) if step else None
                 _expect_param(got.get(name), want, before, previous,
@@ -354,9 +387,11 @@ def expect_dp_pp(case_runs, case, what):
         last = ops[-1] if ops else None
         where = f"{last.op} {'to' if last.op == 'send' else 'from'} rank {last.world_peer}" if last and \
             last.op in ("send", "recv") else (last.op if last else "before any message")
-        stray = next((o for o in ops if o.op in ("send", "recv") and o.world_peer not in members[run.rank]["pp"]),
+        pipeline = members[run.rank]["pp"]
+        stray = next((o for o in ops if o.op in ("send", "recv") and o.world_peer not in pipeline),
                      None)
-        extra = (f"; it {'sent to' if stray.op == 'send' else 'received from'} rank {stray.world_peer}, outside its "
+        extra = (f"; it {'sent to' if stray.op == 'send' else 'received from'} rank {stray.world_peer}, "
+                 "outside its "
                  f"pipeline {tuple(members[run.rank]['pp'])}") if stray else ""
         return f"rank {run.rank} (replica {grid[run.rank]['coords']['dp']}, stage " \
                f"{grid[run.rank]['coords']['pp']}): last call {where}{extra}"
@@ -364,9 +399,16 @@ def expect_dp_pp(case_runs, case, what):
     for run in case_runs:  # a message outside the pipeline explains a deadlock best
         for step, ops in enumerate(run.steps):
             for o in ops:
-                if o.op in ("send", "recv") and o.world_peer not in members[run.rank]["pp"]:
-                    _expect_groups([run], members, what, ("dp",), p2p_axis="pp")
-    _fail_report(case_runs, what, blocked)
+                if o.op in ("send", "recv"):
+                    _expect_neighbour(run, step, o, tuple(members[run.rank]["pp"]), what)
+
+    def where(rank):
+        place = grid[rank]
+        return (f"stage {place['coords']['pp']} of replica {place['coords']['dp']}, whose pipeline is ranks "
+                f"{tuple(place['members']['pp'])}: make_stage(model, cuts, grid.coords['pp'], "
+                f"ranks=grid.members('pp'))")
+
+    _fail_report(case_runs, what, blocked, where)
     _expect_groups(case_runs, members, what, ("dp",), p2p_axis="pp")
     rows = len(case["batches"][0][0])
     width = case["model"].get("width", 6)
@@ -380,15 +422,19 @@ def expect_dp_pp(case_runs, case, what):
             if abs(sent - formula["pp"]) > 0.5:
                 raise AssertionError(
                     f"{what}: in step {step + 1} rank {run.rank} (stage {stage}) sent {sent} bytes to its "
-                    f"pipeline neighbours, expected {formula['pp']}: per micro-batch one activation forward and "
+                    f"pipeline neighbours, expected {formula['pp']}: per micro-batch one activation forward "
+                    "and "
                     f"one gradient back, {rows // dp // case['n_micro']} rows x {width} values each")
             dp_sent = _sent_on([o for o in ops if o.op != "send"], members[run.rank]["dp"])
             if abs(dp_sent - formula["dp"]) > 0.5:
                 n = dp
                 raise AssertionError(
-                    f"{what}: in step {step + 1} rank {run.rank} (stage {stage}) sent {dp_sent:.0f} bytes on its dp "
-                    f"group {tuple(members[run.rank]['dp'])}, expected {formula['dp']:.0f}: each of its stage's "
-                    f"{n_params} gradients all-reduced once over the dp group, 2(dp - 1)/dp = {2 * (n - 1)}/{n} "
+                    f"{what}: in step {step + 1} rank {run.rank} (stage {stage}) sent {dp_sent:.0f} bytes "
+                    "on its dp "
+                    f"group {tuple(members[run.rank]['dp'])}, expected {formula['dp']:.0f}: each of its "
+                    "stage's "
+                    f"{n_params} gradients all-reduced once over the dp group, 2(dp - 1)/dp = "
+                    f"{2 * (n - 1)}/{n} "
                     f"of their bytes per rank")
 
     def local(name, full, coords):
@@ -431,11 +477,13 @@ def expect_plan(outcome, model, cluster, best, what):
             raise AssertionError(f"{what} returned {key} = {got[key]!r} for {layout}; predict gives "
                                  f"{predicted[key]:.6g}: return the values predict computes")
     if predicted["memory"] > cluster["memory"]:
-        raise AssertionError(f"{what} returned {layout}, which needs {predicted['memory'] / 1e9:.2f} GB per GPU: "
+        raise AssertionError(f"{what} returned {layout}, which needs {predicted['memory'] / 1e9:.2f} GB per "
+                             "GPU: "
                              f"more than the {cluster['memory'] / 1e9:g} GB the GPUs have")
     best_time = predict(model, cluster, **best)["time"]
     if predicted["time"] > best_time * (1 + 1e-9):
-        raise AssertionError(f"{what} returned {layout}, predicted {predicted['time']:.6g} s per step; {best} "
+        raise AssertionError(f"{what} returned {layout}, predicted {predicted['time']:.6g} s per step; "
+                             f"{best} "
                              f"fits and takes {best_time:.6g} s: try every dp, tp, pp and micro-batch count")
 
 

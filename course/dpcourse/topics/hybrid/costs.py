@@ -1,15 +1,18 @@
 """The course's cost model of a training step on a dp x pp x tp layout: predicted time and memory per GPU.
 
     predict(GPT_7B, cluster(nodes=32), dp=32, tp=8, pp=1, micro=4)
-        # {"time": seconds, "memory": bytes, "compute": ..., "bubble": ..., "tp": ..., "pp": ..., "dp": ...}
+        # {"time": seconds, "memory": bytes, and the parts of each: "compute", "bubble", "tp_comm",
+        #  "pp_comm", "dp_comm" (seconds), "state", "activations" (bytes)}
 
 Why a module: notebook 09's planner compares layouts by a model small enough to state in a
 few lines, built only from the formulas of earlier notebooks. With P parameters, L layers,
 hidden size h, a heads, sequences of s tokens, a global batch of B sequences, e = 2 bytes per
-value (fp16; `bytes_per_value` in the model), on N = dp·tp·pp GPUs of F FLOP/s each, m micro-batches of b = B/(dp·m) sequences:
+value (fp16; `bytes_per_value` in the model), on N = dp·tp·pp GPUs of F FLOP/s each, m micro-batches
+of b = B/(dp·m) sequences:
   compute  per micro-batch and stage: c = k·(P/pp)·b·s / (tp·F), k = 6 FLOPs per parameter and
            token (2 forward, 4 backward; 8 with activation recomputation, one more forward)
-  tp       per micro-batch and stage: (L/pp) · 4 ring all-reduces (`tp_all_reduces` in the model) of b·s·h·e bytes over tp
+  tp       per micro-batch and stage: (L/pp) · 4 ring all-reduces (`tp_all_reduces` in the model) of
+           b·s·h·e bytes over tp
            (notebook 08: g and f around attention and around the MLP)
   pp       per micro-batch and stage (pp > 1): one activation sent forward and one gradient
            back, alpha + b·s·h·e/beta each (notebook 07)
@@ -40,7 +43,7 @@ from dpcourse.topics.zero.memory import model_state_bytes
 ZERO_STAGES = {0: "DDP", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}
 
 # Models: P, L, h, heads, s; batch = the global batch in sequences.
-BERT_LARGE = dict(name="BERT-large", params=340e6, layers=24, hidden=1024, heads=16, seq=512, batch=1024,
+BERT_LARGE = dict(name="BERT-large", params=340e6, layers=24, hidden=1024, heads=16, seq=512, batch=4096,
                   recompute=False)
 GPT_1_3B = dict(name="GPT 1.3B", params=1.3e9, layers=24, hidden=2048, heads=16, seq=2048, batch=512,
                 recompute=False)
@@ -108,19 +111,22 @@ def predict(model, cluster, dp, tp, pp, micro, zero=0, overlap=False):
     compute = flops_per_token * model["params"] / pp * b * model["seq"] / (tp * cluster["flops"])
     activation = b * model["seq"] * model["hidden"] * e
     layers = model["layers"] // pp
-    tp_time = layers * model.get("tp_all_reduces", 4) * predicted_time("ring", activation, tp, *link(cluster, tp))
+    tp_time = layers * model.get("tp_all_reduces", 4) * predicted_time("ring", activation, tp,
+                                                                       *link(cluster, tp))
     alpha, beta = link(cluster, tp * pp)
     pp_time = 2 * (alpha + activation / beta) if pp > 1 else 0.0
     per_micro = compute + tp_time + pp_time
     gradients = e * model["params"] / (tp * pp)
-    dp_time = predicted_time("ring", gradients, dp, *link(cluster, tp * pp * dp)) * (1.5 if zero == 3 else 1.0)
+    dp_time = predicted_time("ring", gradients, dp, *link(cluster, tp * pp * dp))
+    if zero == 3:
+        dp_time *= 1.5
     if overlap:
         dp_time = max(0.0, dp_time - 2 / 3 * compute)
     state = sum(model_state_bytes(model["params"] / (tp * pp), dp, ZERO_STAGES[zero]).values())
     held = layers * min(micro, pp) * activation_bytes(model, b, tp)
     return {"time": (micro + pp - 1) * per_micro + dp_time, "memory": state + held,
-            "compute": micro * compute, "tp": micro * tp_time, "pp": micro * pp_time,
-            "bubble": (pp - 1) * per_micro, "dp": dp_time, "state": state, "activations": held}
+            "compute": micro * compute, "tp_comm": micro * tp_time, "pp_comm": micro * pp_time,
+            "bubble": (pp - 1) * per_micro, "dp_comm": dp_time, "state": state, "activations": held}
 
 
 def divisors(n):

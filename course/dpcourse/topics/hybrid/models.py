@@ -38,7 +38,8 @@ class Residual(nn.Module):
 
 
 def dp_tp_model(d_in=6, d_model=8, d_hidden=16, d_out=3, blocks=1, bias=True, seed=0, dtype=torch.float64):
-    """Linear(d_in, d_model), `blocks` residual MLPs (d_model -> d_hidden -> d_model), Linear(d_model, d_out)."""
+    """Linear(d_in, d_model), `blocks` residual MLPs (d_model -> d_hidden -> d_model), Linear(d_model,
+    d_out)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         layers = [nn.Linear(d_in, d_model, bias=bias)]

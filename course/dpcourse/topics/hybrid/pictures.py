@@ -19,21 +19,24 @@ from dpcourse.topics.hybrid.costs import MODELS, cluster, format_layout, gpus, p
 from dpcourse.topics.hybrid.grid import AXES
 from dpcourse.viz.colours import rank_colour
 
-AXIS_NAMES = {"dp": "data-parallel groups (dp)", "pp": "pipeline groups (pp)", "tp": "tensor-parallel groups (tp)"}
+AXIS_NAMES = {"dp": "data-parallel groups (dp)", "pp": "pipeline groups (pp)", "tp": "tensor-parallel "
+                                                                                     "groups (tp)"}
 
 
 def draw_grid(reports, title=""):
-    """One panel per axis; each rank at its own (dp, pp, tp) coordinates, coloured by its group on that axis."""
+    """One panel per axis; each rank at its own (dp, pp, tp) coordinates, coloured by its group there."""
     sizes = reports[0]["sizes"]
     dp, pp, tp = (sizes[a] for a in AXES)
     fig, axes = plt.subplots(1, 3, figsize=(3.2 * 3, 0.9 + 0.75 * dp), squeeze=False)
     for ax, axis in zip(axes[0], AXES, strict=True):
-        groups = sorted({tuple(sorted(r["members"][axis])) for r in reports if isinstance(r["members"][axis], list)})
+        groups = sorted({tuple(sorted(r["members"][axis])) for r in reports
+                         if isinstance(r["members"][axis], list)})
         for rank, report in enumerate(reports):
             d, p, t = (report["coords"][a] for a in AXES)
             x, y = p * (tp + 0.5) + t, dp - 1 - d
             members = report["members"][axis]
-            colour = rank_colour(groups.index(tuple(sorted(members)))) if isinstance(members, list) else "#222222"
+            colour = (rank_colour(groups.index(tuple(sorted(members)))) if isinstance(members, list)
+                      else "#222222")
             ax.add_patch(plt.Rectangle((x, y), 0.9, 0.8, color=colour))
             ax.text(x + 0.45, y + 0.4, str(rank), ha="center", va="center", color="white", fontsize=11,
                     fontweight="bold")
@@ -51,8 +54,9 @@ def draw_grid(reports, title=""):
     return fig
 
 
-PARTS = ("compute", "bubble", "tp", "pp", "dp")
-PART_COLOURS = {"compute": "#4c72b0", "bubble": "#bbbbbb", "tp": "#dd8452", "pp": "#55a868", "dp": "#c44e52"}
+PARTS = ("compute", "bubble", "tp_comm", "pp_comm", "dp_comm")
+PART_COLOURS = {"compute": "#4c72b0", "bubble": "#bbbbbb", "tp_comm": "#dd8452", "pp_comm": "#55a868",
+                "dp_comm": "#c44e52"}
 
 
 def _best_micro(model, cl, dp, tp, pp, zero=0, overlap=False):
@@ -76,7 +80,8 @@ def strategies(model, cl, plan=None, overlap=False):
     rows = {"DP": _best_micro(model, cl, n, 1, 1, overlap=overlap),
             "ZeRO-3": _best_micro(model, cl, n, 1, 1, zero=3, overlap=overlap),
             "TP": _best_micro(model, cl, 1, n, 1, overlap=overlap),
-            "PP": _best_micro(model, cl, 1, 1, n, overlap=overlap) if model["layers"] % n == 0 else None}
+            "PP": (_best_micro(model, cl, 1, 1, n, overlap=overlap) if model["layers"] % n == 0 else
+                   f"{n} stages of {model['layers']} layers: no whole layers per stage")}
     if plan is not None:
         try:
             chosen = plan(model, cl)
@@ -93,6 +98,9 @@ def strategies(model, cl, plan=None, overlap=False):
 def plot_strategies(rows, cl, title=""):
     """Stacked bars of the predicted step time, and bars of memory per GPU against the GPU's memory."""
     names = list(rows)
+    times = [r["time"] for r in rows.values() if isinstance(r, dict)]
+    # a layout 100x slower than the others would hide them: cut its bar
+    limit = min(max(times), 4 * min(times)) * 1.15 if times else 1.0
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 0.6 + 0.45 * len(names)), sharey=True)
     for i, name in enumerate(names):
         row = rows[name]
@@ -101,13 +109,17 @@ def plot_strategies(rows, cl, title=""):
             continue
         start = 0.0
         for part in PARTS:
-            left.barh(i, row[part], left=start, color=PART_COLOURS[part], label=part if i == 0 else None)
+            left.barh(i, row[part], left=start, color=PART_COLOURS[part],
+                      label=part.replace("_comm", " comm.") if i == 0 else None)
             start += row[part]
-        left.text(start, i, f" {row['time']:.3g} s", va="center", fontsize=8)
+        left.text(min(start, limit), i, f" {row['time']:.3g} s" + (" (bar cut)" if start > limit else ""),
+                  va="center", fontsize=8)
         fits = row["memory"] <= cl["memory"]
         right.barh(i, row["memory"] / 1e9, color="#4c72b0" if fits else "#c44e52")
-        right.text(row["memory"] / 1e9, i, f" {row['memory'] / 1e9:.3g} GB  ({format_layout(row)})", va="center",
+        right.text(row["memory"] / 1e9, i, f" {row['memory'] / 1e9:.3g} GB  ({format_layout(row)})",
+                   va="center",
                    fontsize=7)
+    left.set_xlim(0, limit * 1.25)
     left.set_yticks(range(len(names)), names)
     left.invert_yaxis()
     left.set_xlabel("predicted seconds per step")
@@ -137,13 +149,15 @@ def planner_widget(plan=None):
     )
 
     def draw(model, nodes, gpus_per_node, intra, inter, memory, overlap):
-        cl = cluster(nodes=nodes, gpus_per_node=gpus_per_node, memory=memory * 1e9, intra_bandwidth=intra * 1e9,
+        cl = cluster(nodes=nodes, gpus_per_node=gpus_per_node, memory=memory * 1e9,
+                     intra_bandwidth=intra * 1e9,
                      inter_bandwidth=inter * 1e9)
         rows = strategies(MODELS[model], cl, plan, overlap=overlap)
         plot_strategies(rows, cl, title=f"{model} on {nodes} x {gpus_per_node} GPUs")
         plt.show()
 
     out = widgets.interactive_output(draw, controls)
-    box = widgets.VBox([widgets.HBox(list(controls.values())[:4]), widgets.HBox(list(controls.values())[4:]), out])
+    boxes = list(controls.values())
+    box = widgets.VBox([widgets.HBox(boxes[:4]), widgets.HBox(boxes[4:]), out])
     display(box)
     return box

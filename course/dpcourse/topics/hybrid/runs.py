@@ -152,7 +152,8 @@ def _grid_side(fn, cases, exercise):
     return reports
 
 
-def run_grid_cases(fn, world_size, cases, *, exercise="make_grid_groups", group_timeout=TIMEOUTS["test_group"]):
+def run_grid_cases(fn, world_size, cases, *, exercise="make_grid_groups",
+                   group_timeout=TIMEOUTS["test_group"]):
     """Launch world_size ranks; in each case every rank calls fn(dp, tp, pp=pp). Returns
     reports[case][rank]: {"sizes", "coords", "members": {axis: world ranks}, "created": [members of
     each group it created, in order], "error": "Type: message" when fn raised}."""
@@ -272,7 +273,8 @@ def _runs(per_rank, cases, exercise):
 
 def _take_router_log(runs, exercise):
     """While grading: each rank's recorded calls, in order, must be the router's; then the CommOps
-    (bytes, groups, peers) become the router's own."""
+    (bytes, groups, peers) become the router's own. A rank whose step raised may have recorded a
+    last call the router refused before seeing it (a message to itself, say)."""
     traffic = observed_traffic()
     if traffic is None:
         return
@@ -280,19 +282,20 @@ def _take_router_log(runs, exercise):
         recorded = [(case_runs[rank], where, i) for case_runs in runs
                     for where, ops in [("setup", case_runs[rank].setup)] +
                     [(s, ops) for s, ops in enumerate(case_runs[rank].steps)] for i in range(len(ops))]
-        mine = [_op_at(run, where, i) for run, where, i in recorded]
-        names = [o.op for o in mine if o.op != "barrier"]
+        recorded = [r for r in recorded if _op_at(*r).op != "barrier"]
+        names = [_op_at(*r).op for r in recorded]
         routed = [o for o in seen if o.op != "barrier"]
-        if names != [o.op for o in routed]:
+        failed = any(case_runs[rank].error for case_runs in runs)
+        agree = names == [o.op for o in routed] or (
+            failed and names[:len(routed)] == [o.op for o in routed] and len(names) - len(routed) <= 1)
+        if not agree:
             raise AssertionError(
                 f"{exercise}: rank {rank} issued {len(routed)} call(s) as the grader's router saw them "
                 f"({', '.join(o.op for o in routed[:8]) or 'none'}), but recorded {len(names)} "
                 f"({', '.join(names[:8]) or 'none'}): every collective and message must go through "
                 f"torch.distributed where the recorder sees it")
-        kept = iter(routed)
-        for run, where, i in recorded:
-            if _op_at(run, where, i).op != "barrier":
-                _set_op(run, where, i, next(kept))
+        for (run, where, i), op in zip(recorded, routed, strict=False):
+            _set_op(run, where, i, op)
 
 
 def _op_at(run, where, i):

@@ -44,7 +44,8 @@ def dp_tp_bytes(model, batch_rows, dp, tp, element_size=8):
     rows = batch_rows // dp
     d_model, blocks = model.get("d_model", 8), model.get("blocks", 1)
     activation = rows * d_model * element_size
-    n_local = local_parameters(model.get("d_in", 6), d_model, model.get("d_hidden", 16), model.get("d_out", 3),
+    n_local = local_parameters(model.get("d_in", 6), d_model, model.get("d_hidden", 16),
+                               model.get("d_out", 3),
                                blocks, tp, model.get("bias", True))
     return {"tp": 2 * blocks * ring(activation, tp), "dp": ring(n_local * element_size, dp)}
 
@@ -73,11 +74,13 @@ def print_dp_tp_traffic(case_runs, case):
     formula = dp_tp_bytes(case["model"], rows, dp, tp)
     print(f"dp {dp} x tp {tp}, {rows} rows, d_model {case['model'].get('d_model', 8)}, "
           f"{case['model'].get('blocks', 1)} block(s), float64; bytes sent in step 1:")
-    print(f"{'rank':>5} {'tp group':>14} {'sent':>8} {'formula':>8}   {'dp group':>14} {'sent':>9} {'formula':>9}")
+    print(f"{'rank':>5} {'tp group':>14} {'sent':>8} {'formula':>8}   {'dp group':>14} {'sent':>9} "
+          f"{'formula':>9}")
     for run, place in zip(case_runs, expected_grid(dp, tp), strict=True):
         tp_group, dp_group = place["members"]["tp"], place["members"]["dp"]
         ops = run.steps[0] if run.steps else []
-        print(f"{run.rank:>5} {str(tuple(tp_group)):>14} {_sent(ops, tp_group):>8.0f} {formula['tp']:>8.0f}   "
+        print(f"{run.rank:>5} {str(tuple(tp_group)):>14} {_sent(ops, tp_group):>8.0f} {formula['tp']:>8.0f} "
+              "  "
               f"{str(tuple(dp_group)):>14} {_sent(ops, dp_group):>9.0f} {formula['dp']:>9.0f}")
 
 
@@ -89,8 +92,10 @@ def print_dp_pp_traffic(case_runs, case):
     dp, pp = case["grid"]
     rows, width, cuts = len(case["batches"][0][0]), case["model"].get("width", 6), case["cuts"]
     model = dp_pp_model(**case["model"])
-    print(f"dp {dp} x pp {pp}, {rows} rows, width {width}, m = {case['n_micro']}, float64; bytes sent in step 1:")
-    print(f"{'rank':>5} {'stage':>5} {'pipeline':>10} {'sent':>7} {'formula':>8}   {'dp group':>10} {'sent':>8} "
+    print(f"dp {dp} x pp {pp}, {rows} rows, width {width}, m = {case['n_micro']}, float64; bytes sent in "
+          "step 1:")
+    print(f"{'rank':>5} {'stage':>5} {'pipeline':>10} {'sent':>7} {'formula':>8}   {'dp group':>10} "
+          f"{'sent':>8} "
           f"{'formula':>8}")
     for run, place in zip(case_runs, expected_grid(dp, 1, pp), strict=True):
         stage = place["coords"]["pp"]
@@ -99,5 +104,6 @@ def print_dp_pp_traffic(case_runs, case):
         ops = run.steps[0] if run.steps else []
         sent = sum(o.nbytes for o in ops if o.op == "send")
         dp_group = place["members"]["dp"]
-        print(f"{run.rank:>5} {stage:>5} {str(tuple(place['members']['pp'])):>10} {sent:>7} {formula['pp']:>8}   "
+        print(f"{run.rank:>5} {stage:>5} {str(tuple(place['members']['pp'])):>10} {sent:>7} "
+              f"{formula['pp']:>8}   "
               f"{str(tuple(dp_group)):>10} {_sent(ops, dp_group):>8.0f} {formula['dp']:>8.0f}")
