@@ -29,6 +29,17 @@ from dpcourse.topics.hybrid.costs import cluster, divisors, gpus, predict
 from dpcourse.topics.hybrid.runs import run_dp_pp_cases, run_dp_tp_cases, run_grid_cases, run_plan_cases
 from dpcourse.topics.tensor.models import inputs
 
+REFERENCES = {
+    "make_grid_groups": "init_device_mesh's layout (torch.arange(world).view(dp, pp, tp), each axis cut as "
+                        "DeviceMesh cuts it) and the members of every group each rank created, in order",
+    "hybrid_dp_tp_step": "the unsharded float64 model trained in one process on the same global batches, "
+                         "and the bytes per group of dpcourse.topics.hybrid.traffic",
+    "hybrid_dp_pp_step": "the unsharded float64 model trained in one process on the same global batches, "
+                         "and the bytes per group of dpcourse.topics.hybrid.traffic",
+    "plan": "brute force: every (dp, tp, pp, micro-batch) layout tried with the released cost model "
+            "(best_layout below)",
+}
+
 # --------------------------------------------------------------------------- 1. grids
 
 GRIDS = {4: [dict(dp=2, tp=2), dict(dp=1, tp=4), dict(dp=4, tp=1), dict(dp=1, tp=2, pp=2),
