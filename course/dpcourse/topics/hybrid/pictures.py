@@ -2,7 +2,7 @@
 
     reports = run_grid_cases(make_grid_groups, 8, [dict(dp=2, tp=2, pp=2)])[0]
     draw_grid(reports, title="your make_grid_groups(2, 2, pp=2)")
-    planner_widget(plan)      # sliders: model, nodes, GPUs per node, links, memory -> time and memory
+    planner_widget(plan)      # sliders: model size, nodes, GPUs per node, links, memory -> time and memory
 
 Why: a grid is easiest to check by eye. `draw_grid` places every rank where *its own*
 coordinates say (pp blocks side by side, dp down, tp across) and paints it, once per axis, in
@@ -139,7 +139,7 @@ def planner_widget(plan=None):
     from IPython.display import display
 
     controls = dict(
-        model=widgets.Dropdown(options=list(MODELS), value="GPT 7B", description="model"),
+        model=widgets.SelectionSlider(options=list(MODELS), value="GPT 7B", description="model size"),
         nodes=widgets.SelectionSlider(options=[1, 2, 4, 8, 16, 32, 64, 128], value=32, description="nodes"),
         gpus_per_node=widgets.SelectionSlider(options=[1, 2, 4, 8, 16], value=8, description="GPUs/node"),
         intra=widgets.FloatLogSlider(value=300, base=10, min=1, max=3.3, description="NVLink GB/s"),
