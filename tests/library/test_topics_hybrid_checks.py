@@ -99,7 +99,7 @@ def pp_bug(kind, model, cuts, grid, batch, targets, loss_fn, n_micro, lr, pipeli
 
 @pytest.mark.parametrize("kind, message", [
     ("neighbours by position", "outside its pipeline (2, 3)"),
-    ("over the pipeline", "outside its groups (dp (0, 2))"),
+    ("over the pipeline", "outside its groups (dp (0, 2)) -- that is its pp group"),
     ("rows by stage", "the same rows on every rank of the replica"),
 ])
 def test_data_x_pipeline_mistakes_are_named(kind, message):

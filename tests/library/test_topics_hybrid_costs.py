@@ -77,6 +77,9 @@ def test_plan_checks_accept_the_best_and_name_what_is_wrong():
     too_big = dict(big, **{k: costs.predict(MODEL, cl, **big)[k] for k in ("time", "memory")})
     with pytest.raises(AssertionError, match="more than the 6 GB"):
         expect_plan({"result": too_big}, MODEL, cl, best, "plan")
+    refused = {"error": "ValueError", "message": "no layout fits"}
+    with pytest.raises(AssertionError, match=r"but \{'dp': 1, 'tp': 2, 'pp': 4, 'micro': 32\} fits \(3.10"):
+        expect_plan(refused, MODEL, cl, best, "plan")
     tiny = costs.cluster(nodes=2, gpus_per_node=4, memory=2e9)
     assert best_layout(MODEL, tiny)[0] is None and smallest_memory(MODEL, tiny) == pytest.approx(least)
     named = {"error": "ValueError", "message": f"needs at least {least / 1e9:.1f} GB"}

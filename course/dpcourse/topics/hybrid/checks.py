@@ -204,6 +204,12 @@ def _expect_groups(case_runs, members, what, allowed_axes, p2p_axis=None):
                 names = ", ".join(f"{a} {g}" for a, g in groups.items())
                 world = " -- the whole world: pass the group (grid.groups[...]) to every collective" if (
                     o.group and len(o.group) == len(case_runs)) else ""
+                other = next((a for a in mine if a not in allowed_axes and len(mine[a]) > 1
+                              and _group_label(o.group) == tuple(mine[a])), None)
+                if other and not world:
+                    world = (f" -- that is its {other} group: the ranks of a pipeline hold different stages, "
+                             "their gradients are not to be summed; average each stage's gradients over the "
+                             "dp group only")
                 raise AssertionError(f"{what}: in step {step + 1} rank {run.rank}'s {o.op} of {o.nbytes} "
                                      "bytes "
                                      f"ran on ranks {_group_label(o.group)}, outside its groups "
@@ -462,7 +468,12 @@ def expect_plan(outcome, model, cluster, best, what):
     from dpcourse.topics.hybrid.costs import predict
 
     if "error" in outcome:
-        raise AssertionError(f"{what} raised {outcome['error']}: {outcome['message']}")
+        fits = ""
+        if outcome["error"] == "ValueError":
+            known = predict(model, cluster, **best)
+            fits = (f"; but {best} fits ({known['memory'] / 1e9:.2f} GB per GPU of "
+                    f"{cluster['memory'] / 1e9:g} GB): try every dp, tp, pp and micro-batch count")
+        raise AssertionError(f"{what} raised {outcome['error']}: {outcome['message']}{fits}")
     got = outcome["result"]
     if not isinstance(got, dict) or any(k not in got for k in PLAN_KEYS):
         raise AssertionError(f"{what} returned {got!r}; expected a dict with keys {', '.join(PLAN_KEYS)}")
