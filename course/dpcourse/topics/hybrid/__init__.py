@@ -10,5 +10,6 @@
   traffic   bytes per rank and step on each group: the formulas, and tables of recorded runs
   costs     the alpha-beta cost model of a layout (time, memory) and model and cluster presets
   pictures  the grid drawn from a learner's own groups; the planner widget
+  realapi   torch's parallelize_module + fully_shard on a (dp, tp) DeviceMesh next to a learner's step
   bench     step times of layouts interleaved on 4 ranks, and the cost model calibrated here
 """
