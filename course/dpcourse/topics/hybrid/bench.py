@@ -7,10 +7,11 @@
 
 Why interleaved: on a shared 2-core laptop the speed of the machine drifts during a run. All
 layouts are built in the same launch (one init_device_mesh each) and timed round by round in a
-rotating order, each step after a barrier, a step's time being the slowest rank's; medians and
-per-round ratios to a baseline are then comparable. `calibrate` measures what the cost model
-needs on the same 4 ranks: the FLOP/s of one rank while all four compute (they share 2 cores),
-and alpha and beta of gloo's ring all-reduce (fitted to 2(n - 1)(alpha + S/(n beta)) at two sizes).
+rotating order (dpcourse.runtime.timing), each step after a barrier, a step's time being
+the slowest rank's; medians and per-round ratios to a baseline are then comparable.
+`calibrate` measures what the cost model needs on the same 4 ranks: the FLOP/s of one rank
+while all four compute (they share 2 cores), and alpha and beta of gloo's ring all-reduce
+(fitted to 2(n - 1)(alpha + S/(n beta)) at two sizes).
 Used by notebook 09 (its measured-vs-predicted table) and tests/bench/bench_hybrid.py.
 """
 
@@ -21,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from dpcourse.runtime.launcher import launch
+from dpcourse.runtime.timing import interleaved_step_times
 from dpcourse.topics.hybrid.costs import cluster, predict
 from dpcourse.topics.hybrid.grid import mesh_grid
 from dpcourse.topics.hybrid.models import dp_pp_model, dp_tp_model, even_cuts, tensor_parallel_copy
@@ -54,33 +56,26 @@ def _batch(kind, dtype):
 def _timing_side(layouts, dp_tp_step, dp_pp_step, rounds, n_micro, dtype):
     torch.manual_seed(0)
     built = {name: _build(kind, shape, dtype) for name, (kind, shape) in layouts.items()}
-    names = list(layouts)
-    times = {name: [] for name in names}
-    for r in range(rounds + 1):  # round 0 warms up
-        for k in range(len(names)):
-            name = names[(r + k) % len(names)]
-            kind = layouts[name][0]
-            grid, model, cuts = built[name]
-            x, y = _batch(kind, dtype)
-            dist.barrier()
-            start = time.perf_counter()
-            if kind == "dp_tp":
-                dp_tp_step(model, grid, x, y, loss_fn, 1e-3)
-            else:
-                dp_pp_step(model, cuts, grid, x, y, loss_fn, n_micro, 1e-3, gpipe)
-            elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-            if r:
-                times[name].append(elapsed.item())
-    return times
+
+    def step_of(name):
+        kind = layouts[name][0]
+        grid, model, cuts = built[name]
+        x, y = _batch(kind, dtype)
+        if kind == "dp_tp":
+            return lambda: dp_tp_step(model, grid, x, y, loss_fn, 1e-3)
+        return lambda: dp_pp_step(model, cuts, grid, x, y, loss_fn, n_micro, 1e-3, gpipe)
+
+    # round 0 warms up and is left out
+    return interleaved_step_times({name: step_of(name) for name in layouts}, rounds=rounds + 1, repeats=1)
 
 
 def time_layouts(layouts, dp_tp_step, dp_pp_step, rounds=5, n_micro=4, dtype=torch.float32, deadline=180):
     """{name: [seconds of each round]} of one training step per layout, interleaved (4 ranks).
 
     layouts: {name: ("dp_tp", (dp, tp)) or ("dp_pp", (dp, pp))}, each run with the learner's step."""
-    return launch(_timing_side, 4, layouts, dp_tp_step, dp_pp_step, rounds, n_micro, dtype,
-                  deadline=deadline)[0]
+    per_rank = launch(_timing_side, 4, layouts, dp_tp_step, dp_pp_step, rounds, n_micro, dtype,
+                      deadline=deadline)
+    return {name: [max(ts) for ts in zip(*(r[name] for r in per_rank), strict=True)] for name in layouts}
 
 
 def _calibration_side(sizes, repeats):
