@@ -119,3 +119,13 @@ def test_an_exception_in_a_step_is_reported_with_its_rank_and_step():
     runs = run_dp_tp_cases(raises_on_rank_2, [TP_CASES[0]])[0]
     with pytest.raises(AssertionError, match="rank 2 raised in step 1: NotImplementedError: not written yet"):
         expect_dp_tp(runs, TP_CASES[0], "2 x 2")
+
+
+def test_a_demo_re_raises_the_first_failed_rank():
+    from dpcourse.topics.hybrid.runs import HybridRun, raise_failure
+
+    raise_failure([HybridRun(0), HybridRun(1)])                   # nothing failed: nothing raised
+    with pytest.raises(NotImplementedError):
+        raise_failure([{"error": None}, {"error": "NotImplementedError: "}])
+    with pytest.raises(RuntimeError, match="rank 1: ValueError: bad"):
+        raise_failure([HybridRun(0), HybridRun(1, error="ValueError: bad")])

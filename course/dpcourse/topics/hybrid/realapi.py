@@ -24,7 +24,7 @@ from dpcourse.runtime.launcher import launch
 from dpcourse.topics.hybrid.checks import reference_training
 from dpcourse.topics.hybrid.grid import mesh_grid
 from dpcourse.topics.hybrid.models import Residual, dp_tp_model
-from dpcourse.topics.hybrid.runs import run_dp_tp_cases
+from dpcourse.topics.hybrid.runs import raise_failure, run_dp_tp_cases
 from dpcourse.topics.tensor.realapi import parallelize_mlp, quiet_dtensor
 
 
@@ -82,8 +82,10 @@ def print_side_by_side(case, step):
     dp, tp = case["grid"]
     one = reference_training(dp_tp_model(**case["model"]), case["batches"], case["lr"], dp)
     reference = one["params"][-1]
+    runs = run_dp_tp_cases(step, [case])[0]
+    raise_failure(runs)
+    yours = _full_params(runs, case)
     rows = launch(torch_dp_tp_training, dp * tp, case)
-    yours = _full_params(run_dp_tp_cases(step, [case])[0], case)
     steps = len(case["batches"])
     print(f"{dp} x {tp} (dp x tp), {case['model'].get('blocks', 1)} block(s), {steps} SGD steps, float64; "
           "largest parameter error against one process:")

@@ -306,6 +306,19 @@ def _set_op(run, where, i, op):
     (run.setup if where == "setup" else run.steps[where])[i] = op
 
 
+def raise_failure(case_runs):
+    """In a demo cell, before drawing a case's runs: the first rank that raised raises again here,
+    a NotImplementedError as itself (so `unless_not_written` says which exercise is not written
+    yet), anything else as a RuntimeError naming the rank. Takes runs (`.error`) or grid reports
+    (dicts with "error")."""
+    for rank, run in enumerate(case_runs):
+        error = run.get("error") if isinstance(run, dict) else run.error
+        if error:
+            if error.startswith("NotImplementedError"):
+                raise NotImplementedError(error)
+            raise RuntimeError(f"rank {getattr(run, 'rank', rank)}: {error}")
+
+
 def run_dp_tp_cases(step, cases, *, exercise="hybrid_dp_tp_step", world_size=4, make_block=None,
                     group_timeout=TIMEOUTS["test_group"], deadline=None):
     """Launch the ranks once; each case builds a (dp, tp) grid with init_device_mesh and the

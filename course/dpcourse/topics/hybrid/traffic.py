@@ -68,7 +68,9 @@ def _sent(ops, group):
 def print_dp_tp_traffic(case_runs, case):
     """Per rank, the bytes its first step sent on its tp and dp groups, next to dp_tp_bytes."""
     from dpcourse.topics.hybrid.checks import expected_grid
+    from dpcourse.topics.hybrid.runs import raise_failure
 
+    raise_failure(case_runs)
     dp, tp = case["grid"]
     rows = len(case["batches"][0][0])
     formula = dp_tp_bytes(case["model"], rows, dp, tp)
@@ -88,7 +90,9 @@ def print_dp_pp_traffic(case_runs, case):
     """Per rank, the bytes its first step sent to its pipeline neighbours and on its dp group."""
     from dpcourse.topics.hybrid.checks import expected_grid
     from dpcourse.topics.hybrid.models import dp_pp_model
+    from dpcourse.topics.hybrid.runs import raise_failure
 
+    raise_failure(case_runs)
     dp, pp = case["grid"]
     rows, width, cuts = len(case["batches"][0][0]), case["model"].get("width", 6), case["cuts"]
     model = dp_pp_model(**case["model"])
