@@ -178,6 +178,12 @@ class RoutedGroup(dist.ProcessGroup):
     def getBackendName(self):
         return BACKEND
 
+    @property
+    def group_name(self):
+        """torch reads a group's name from its C++ backend, which a Python group has none of:
+        DeviceMesh and the functional collectives (DTensor's) look groups up by this name."""
+        return self.group_name_
+
     # -- point to point -------------------------------------------------------------------
     def _other(self, group_rank):
         """The world rank of a peer; like gloo, a rank has no connection to itself."""

@@ -1,7 +1,7 @@
 """Time several implementations of one training step inside a rank, interleaved in one run.
 
-Used by the speed comparisons of notebooks 05 (DDP), 08 (tensor parallelism) and 10 (ZeRO/FSDP)
-through dpcourse.topics.{ddp,tensor,zero}.bench, and by `make bench`.
+Used by the speed comparisons of notebooks 05 (DDP), 08 (tensor parallelism), 09 (hybrid layouts)
+and 10 (ZeRO/FSDP) through dpcourse.topics.{ddp,tensor,hybrid,zero}.bench, and by `make bench`.
 
 Why interleaved: on a shared machine (2 cores, 4 ranks) speed drifts by tens of percent over
 seconds. Timing A for a minute and then B for a minute measures the drift; alternating A, B, C,

@@ -1,0 +1,125 @@
+"""dpcourse.topics.hybrid.grid (the Grid, init_device_mesh's layout) and the grid half of runs and
+checks: the expected groups are init_device_mesh's own, creation order is watched, and the known
+mistakes (another order on some ranks, only a rank's own groups, dp and tp swapped) are named."""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from dpcourse import launch
+from dpcourse.topics.hybrid.checks import (
+    axis_groups,
+    expect_bad_sizes_refused,
+    expect_grid,
+    expected_grid,
+)
+from dpcourse.topics.hybrid.grid import AXES, Grid, check_sizes, layout, mesh_grid
+from dpcourse.topics.hybrid.runs import ORDER_RULE, run_grid_cases
+from dpgrader.tuned.hybrid import make_grid_groups
+
+SHAPES = {4: [(2, 2, 1), (1, 4, 1), (4, 1, 1), (1, 2, 2), (2, 1, 2)], 8: [(2, 2, 2), (2, 4, 1), (1, 2, 4)]}
+
+
+def _live_mesh(shapes):
+    out = []
+    for dp, tp, pp in shapes:
+        grid, mesh = mesh_grid(dp, tp=tp, pp=pp)
+        out.append({"coords": grid.coords, "members": {a: list(grid.members(a)) for a in AXES},
+                    "mesh": mesh.mesh.tolist()})
+    return out
+
+
+@pytest.mark.parametrize("world", [4, 8])
+def test_expected_grid_is_what_init_device_mesh_builds(world):
+    per_rank = launch(_live_mesh, world, SHAPES[world])
+    for index, (dp, tp, pp) in enumerate(SHAPES[world]):
+        expected = expected_grid(dp, tp, pp)
+        for rank in range(world):
+            live = per_rank[rank][index]
+            assert live["mesh"] == layout(dp, pp, tp).tolist()
+            assert live["coords"] == expected[rank]["coords"], (dp, tp, pp, rank)
+            assert live["members"] == expected[rank]["members"], (dp, tp, pp, rank)
+
+
+def test_layout_puts_tp_fastest_and_groups_tile_the_world():
+    assert layout(2, 2, 2)[1, 0, 1].item() == 5
+    assert expected_grid(2, 2, 2)[5] == {"coords": {"dp": 1, "pp": 0, "tp": 1},
+                                         "members": {"dp": [1, 5], "pp": [5, 7], "tp": [4, 5]}}
+    for axis in AXES:
+        groups = axis_groups(2, 2, 2, axis)
+        assert sorted(r for g in groups for r in g) == list(range(8))
+
+
+def test_check_sizes_refuses_grids_that_do_not_fit():
+    check_sizes(2, 1, 2, 4)
+    with pytest.raises(ValueError, match="does not match the world size 4"):
+        check_sizes(2, 1, 3, 4)
+    with pytest.raises(ValueError, match="positive int"):
+        check_sizes(0, 1, 4, 4)
+
+
+def _grid_repr():
+    grid, _ = mesh_grid(2, tp=2)
+    return repr(grid), grid.size("tp"), isinstance(grid, Grid)
+
+
+def test_grid_repr_names_the_rank_s_place():
+    text, size, is_grid = launch(_grid_repr, 4)[3]
+    assert "dp=1, pp=0, tp=1" in text and size == 2 and is_grid
+
+
+def test_a_correct_grid_passes_every_shape_and_a_bad_size_is_refused():
+    for world, shapes in SHAPES.items():
+        cases = [dict(dp=dp, tp=tp, pp=pp) for dp, tp, pp in shapes] + [dict(dp=world, tp=2)]
+        reports = run_grid_cases(make_grid_groups, world, cases)
+        for case, case_reports in zip(cases[:-1], reports[:-1], strict=True):
+            expect_grid(case_reports, case, str(case))
+            assert all(r["created"] == case_reports[0]["created"] for r in case_reports)
+        expect_bad_sizes_refused(reports[-1], "bad")
+
+
+def groups_in_another_order(dp, tp, pp=1):
+    rank, mesh = dist.get_rank(), layout(dp, pp, tp)
+    order = AXES if rank % 2 == 0 else AXES[::-1]
+    groups = {}
+    for axis in order:
+        dim = AXES.index(axis)
+        for line in mesh.movedim(dim, -1).reshape(-1, mesh.shape[dim]).tolist():
+            group = dist.new_group(line)
+            if rank in line:
+                groups[axis] = group
+    coords = dict(zip(AXES, [int(i) for i in (mesh == rank).nonzero()[0]], strict=True))
+    return Grid({"dp": dp, "pp": pp, "tp": tp}, coords, groups)
+
+
+def only_own_groups(dp, tp, pp=1):
+    rank, mesh = dist.get_rank(), layout(dp, pp, tp)
+    groups = {}
+    for dim, axis in enumerate(AXES):
+        for line in mesh.movedim(dim, -1).reshape(-1, mesh.shape[dim]).tolist():
+            if rank in line:
+                groups[axis] = dist.new_group(line)
+    coords = dict(zip(AXES, [int(i) for i in (mesh == rank).nonzero()[0]], strict=True))
+    return Grid({"dp": dp, "pp": pp, "tp": tp}, coords, groups)
+
+
+def swapped(dp, tp, pp=1):
+    rank = dist.get_rank()
+    mesh = torch.arange(dp * pp * tp).view(tp, pp, dp).permute(2, 1, 0)
+    groups = {}
+    for dim, axis in enumerate(AXES):
+        for line in mesh.movedim(dim, -1).reshape(-1, mesh.shape[dim]).tolist():
+            group = dist.new_group(sorted(line))
+            if rank in line:
+                groups[axis] = group
+    coords = dict(zip(AXES, [int(i) for i in (mesh == rank).nonzero()[0]], strict=True))
+    return Grid({"dp": dp, "pp": pp, "tp": tp}, coords, groups)
+
+
+@pytest.mark.parametrize("fn, message", [(groups_in_another_order, ORDER_RULE), (only_own_groups, ORDER_RULE),
+                                         (swapped, "dp and tp are swapped")])
+def test_known_mistakes_are_named_without_hanging(fn, message):
+    case = dict(dp=2, tp=2)
+    reports = run_grid_cases(fn, 4, [case])[0]
+    with pytest.raises(AssertionError, match=message):
+        expect_grid(reports, case, "2 x 2")
