@@ -228,7 +228,10 @@ def main(argv=None):
     if failed or problems:
         print(f"\nnot graded ({len(failed)} of {len(subs)}):")
         for (student, assignment), reason in sorted(failed.items()):
-            print(f"  {student}/{assignment}: {reason.splitlines()[0][:300]}")
+            first, *detail = reason.strip().splitlines() or ["(no reason given)"]
+            print(f"  {student}/{assignment}: {first[:300]}")
+            for line in detail[-6:]:  # the end of the grader's log says what went wrong
+                print(f"      {line[:300]}")
         for problem in problems:
             print(f"  {problem}")
         return 1
