@@ -124,3 +124,14 @@ def test_grading_refuses_without_the_sandbox_and_says_how_to_get_it(tmp_path):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "grading refused" in proc.stderr and "make sandbox-deps" in proc.stderr, proc.stderr
     assert "--no-sandbox" in proc.stderr
+
+
+def test_grading_refuses_a_course_under_tmp_and_says_where_to_put_it(tmp_path):
+    """Every graded rank gets a private /tmp: a course cloned under /tmp would vanish from under its ranks,
+    so grading refuses it up front with a message (not a ModuleNotFoundError in rank 0)."""
+    probe = ("import sys, pathlib; sys.path.insert(0, 'autograder');"
+             "from dpgrader.judge import sandbox; sandbox.COURSE = pathlib.Path('/tmp/clone/course');"
+             "sandbox.require()")
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "lives under /tmp (/tmp/clone/course)" in proc.stderr, proc.stderr
+    assert "clone the course elsewhere" in proc.stderr, proc.stderr

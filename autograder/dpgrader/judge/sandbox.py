@@ -46,6 +46,13 @@ class SandboxUnavailable(RuntimeError):
 
 def require():
     """Raise SandboxUnavailable unless a sandbox starts and runs Python here."""
+    under_tmp = [str(p) for p in (COURSE, Path(sys.prefix), Path(sys.prefix).resolve())
+                 if Path("/tmp") in p.parents]
+    if under_tmp:
+        raise SandboxUnavailable(
+            f"the course or its Python environment lives under /tmp ({under_tmp[0]}), and every graded "
+            f"rank gets a private /tmp that would hide it: clone the course elsewhere (e.g. ~/dpcourse), "
+            f"run `make install` there, and grade from that copy")
     if shutil.which("bwrap") is None:
         raise SandboxUnavailable(
             "grading runs learner code in a sandbox made with bubblewrap, which is not installed: "
@@ -82,13 +89,15 @@ def argv(command, *, binds=(), network=False, keep_capabilities=False):
     extra = [Path(path) for path, _ in binds]
     parents = sorted({a for p in shown + extra for a in p.parents if str(a) != "/"} - set(shown + extra),
                      key=lambda a: len(a.parts))
+    # the private /tmp first, then what is shown: a course or an environment that lives under /tmp
+    # (a clone in /tmp/...) stays visible on top of it
+    args += ["--proc", "/proc", "--dev", "/dev", "--size", str(LIMITS["tmp_bytes"]), "--tmpfs", "/tmp",
+             "--dir", "/tmp/home", "--setenv", "HOME", "/tmp/home", "--setenv", "MPLCONFIGDIR", "/tmp/home",
+             "--setenv", "TMPDIR", "/tmp", "--chdir", "/tmp"]
     for parent in parents:  # traversable by the unprivileged users that graded ranks run as
         args += ["--perms", "0755", "--dir", str(parent)]
     for path in shown:
         args += ["--ro-bind", str(path), str(path)]
-    args += ["--proc", "/proc", "--dev", "/dev", "--size", str(LIMITS["tmp_bytes"]), "--tmpfs", "/tmp",
-             "--dir", "/tmp/home", "--setenv", "HOME", "/tmp/home", "--setenv", "MPLCONFIGDIR", "/tmp/home",
-             "--setenv", "TMPDIR", "/tmp", "--chdir", "/tmp"]
     for path, writable in binds:
         args += ["--bind" if writable else "--ro-bind", str(path), str(path)]
     return args + ["--", *map(str, command)]

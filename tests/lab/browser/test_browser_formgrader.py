@@ -13,7 +13,7 @@ import nbformat
 import pytest
 from nbgrader.api import Gradebook
 
-from variants.v00_orientation import VARIANTS
+from grading import variants_of
 
 from .conftest import REPO, WAIT
 from .steps import appear, click, exactly, hide_left_sidebar, menu, open_lab, until
@@ -28,7 +28,7 @@ SOLUTION, RELEASED = REPO / "solutions" / NOTEBOOK, REPO / "course" / NOTEBOOK
 SUBMISSIONS = {
     "ada": (SOLUTION, {}),
     "bob": (RELEASED, {}),
-    "cyd": (SOLUTION, VARIANTS["mean_of_means"]["cells"]),
+    "cyd": (SOLUTION, variants_of(ASSIGNMENT)["mean_of_means"]["cells"]),
 }
 NAMES = {"ada": ("Ada", "Lovelace"), "bob": ("Bob", "Barker"), "cyd": ("Cyd", "Charisse")}
 
