@@ -132,6 +132,7 @@ def test_grading_refuses_a_course_under_tmp_and_says_where_to_put_it(tmp_path):
     probe = ("import sys, pathlib; sys.path.insert(0, 'autograder');"
              "from dpgrader.judge import sandbox; sandbox.COURSE = pathlib.Path('/tmp/clone/course');"
              "sandbox.require()")
-    proc = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
     assert proc.returncode != 0 and "lives under /tmp (/tmp/clone/course)" in proc.stderr, proc.stderr
     assert "clone the course elsewhere" in proc.stderr, proc.stderr
