@@ -216,8 +216,8 @@ def plot_timeline(summaries, title="", ax=None):
             if "synced" in marks:
                 waiting, copying = waiting_and_copying(s)
                 height = y_comm - y_compute + 1.0
-                ax.add_patch(plt.Rectangle((x, y_compute - 0.5), waiting * ms, height, color="red", alpha=0.12,
-                                           linewidth=0))
+                ax.add_patch(plt.Rectangle((x, y_compute - 0.5), waiting * ms, height, color="red",
+                                           alpha=0.12, linewidth=0))
                 ax.add_patch(plt.Rectangle((x + waiting * ms, y_compute - 0.5), copying * ms, height,
                                            color="tab:blue", alpha=0.15, linewidth=0))
     ax.set_xlim(0, end * 1.02)
