@@ -8,7 +8,13 @@ from float64 sums on this side, never from a solution.
 
 import torch
 
-from dpcourse.checks.collectives import expect_from, expect_gathered, expect_same_bits, expect_unchanged
+from dpcourse.checks.collectives import (
+    expect_from,
+    expect_gathered,
+    expect_new_tensor,
+    expect_same_bits,
+    expect_unchanged,
+)
 from dpcourse.checks.core import expect_equal
 from dpcourse.comm.calls import run_cases
 from dpcourse.comm.traffic import expect_tree_messages
@@ -50,6 +56,7 @@ def check_ring_shift(ring_shift):
             what = f"ring_shift on {case['label']}"
             expect_from(calls, case["inputs"], lambda r, n=world: (r - 1) % n, what)
             expect_unchanged(calls, case["inputs"], what)
+            expect_new_tensor(calls, what)
             for c in calls:
                 nbytes = case["inputs"][c.rank].numel() * case["inputs"][c.rank].element_size()
                 sends = [(o.peer, o.nbytes) for o in c.sends]

@@ -17,7 +17,7 @@ from dpcourse.checks.training import expect_single_process_equivalence
 from dpcourse.reference.gradients import single_process_gradients, state_of
 from dpcourse.reference.splits import ceil_div
 from dpcourse.runtime.timeouts import TIMEOUTS
-from dpcourse.topics.ddp.samplers import run_sampler_cases
+from dpcourse.topics.ddp.samplers import expect_len_as_dealt, run_sampler_cases
 from dpcourse.toys.data import my_share, smooth_regression_data
 from dpcourse.toys.models import MODELS
 from dpgrader import ddp_from_scratch_ranks as ranks
@@ -80,15 +80,8 @@ SAMPLER_CASES = [  # n, world size, shuffle, seed, drop_last
     (10, 4, True, 0, False), (10, 4, True, 0, True), (10, 4, False, 0, False), (10, 4, False, 0, True),
     (3, 4, True, 1, False), (7, 1, True, 2, False), (12, 3, True, 5, False), (13, 5, True, 7, True),
     (10_001, 4, True, 3, False), (10_001, 4, True, 3, True),
+    (2, 5, False, 0, False), (2, 5, True, 8, False), (1, 3, True, 9, False),  # padding longer than the data
 ]
-
-
-def expect_lengths_as_dealt(run, n, world_size):
-    """len() of every rank's sampler equals the number of indices it yields (a DataLoader trusts it)."""
-    for rank, (length, shard) in enumerate(zip(run["lengths"], run["shards"], strict=True)):
-        if length != len(shard):
-            raise AssertionError(f"ShardSampler({n}, num_replicas={world_size}, rank={rank}): len() says "
-                                 f"{length} but iterating gives {len(shard)} indices")
 
 
 def explain_sampler_shards(shards, n, drop_last, what):
@@ -136,7 +129,7 @@ def check_shard_sampler(ShardSampler):
             what = (f"ShardSampler({n}, num_replicas={world_size}, shuffle={shuffle}, seed={seed}, "
                     f"drop_last={drop_last}), epoch {epoch}")
             run = next(runs)
-            expect_lengths_as_dealt(run, n, world_size)
+            expect_len_as_dealt(run, n, world_size)
             shards = run["shards"]
             explain_sampler_shards(shards, n, drop_last, what)
             per_epoch.append(shards)
@@ -209,11 +202,19 @@ def expect_bucket_traffic(comms, model, cap, what, rank=0):
                             f"once it holds >= {cap} bytes")
 
 
+def reset_hint(step):
+    """After step 0, a wrong count of all-reduces points at state carried over from the last step."""
+    if step == 0:
+        return ""
+    return ("; step 0 was right, so look at what carries over between steps: is each bucket's ready "
+            "state (set or counter) reset in finish_gradient_sync?")
+
+
 def _expect_all_reduces(ops, sizes, total, what, rank, step, rule):
     """One step's all-reduces: as many as `sizes` says (the `rule` explains why), every byte once."""
     if len(ops) != len(sizes):
         raise AssertionError(f"rank {rank}: {what} issued {len(ops)} all-reduces in step {step}, "
-                             f"expected {len(sizes)} ({rule})")
+                             f"expected {len(sizes)} ({rule}){reset_hint(step)}")
     sent = sum(n for _, n in ops)
     if sent != total:
         raise AssertionError(f"rank {rank}: {what} all-reduced {sent} bytes in step {step}, but the "
@@ -265,9 +266,9 @@ def check_bucketed_ddp(BucketedDDP):
         expect_finished(runs, "rank {rank}: {failed} raised {error}")
         for i, (name, seed, cap) in enumerate(cases):
             what = f"BucketedDDP({name}, bucket_cap={cap}) on {world_size} ranks"
-            expect_like_one_process(runs, i, _make(name, seed), seed, 3, 2, what)
-            for rank, run in enumerate(runs):
+            for rank, run in enumerate(runs):  # the count of all-reduces first: it names the cause
                 expect_bucket_traffic(run.cases[i].traffic, MODELS[name](seed=seed), cap, what, rank)
+            expect_like_one_process(runs, i, _make(name, seed), seed, 3, 2, what)
 
     for rank, (starts, backward_end) in enumerate(_launch(ranks.overlap_probe, 2, BucketedDDP, 4096)):
         expect_overlap(starts, backward_end, "BucketedDDP(deep_mlp(depth=12), bucket_cap=4096)", rank)

@@ -5,12 +5,15 @@ import torch.distributed as dist
 
 from dpcourse import launch
 from dpcourse.checks.core import expect_equal
-from dpcourse.checks.ranks import expect_per_rank
+from dpcourse.checks.ranks import expect_calls, expect_per_rank
+from dpcourse.comm.recorder import CommOp, recorded
+from dpcourse.runtime.launcher import observed_traffic
 
 # What each exercise's expected values come from (autograder/exercises.json lists them).
 REFERENCES = {
     "my_slice": "index arithmetic in the check: rows i of the data with i % N == r",
-    "global_mean": "the float64 mean of all ranks' shards concatenated, computed in the check",
+    "global_mean": "the float64 mean of all ranks' shards concatenated, computed in the check; one "
+                   "all_reduce per rank, counted from the calls",
 }
 
 
@@ -33,18 +36,35 @@ def check_global_mean(global_mean):
     for name, shards in cases.items():
         expected = torch.cat(shards).double().mean().item()
         results = launch(_mean_and_input_after, len(shards), global_mean, shards)
-        for rank, (got, x_after) in enumerate(results):
+        for rank, (got, x_after, _) in enumerate(results):
             if not isinstance(got, float):
                 raise AssertionError(f"global_mean should return a Python float, rank {rank} "
                                      f"returned {type(got).__name__}")
             if abs(got - expected) > 1e-9 * max(1.0, abs(expected)):
                 raise AssertionError(f"rank {rank}: global_mean with {name} is {got!r}, expected "
-                                     f"{expected!r}")
+                                     f"{expected!r}{mean_hint(got, expected)}")
             expect_equal(x_after, shards[rank], "the input x after global_mean (it must not be "
                          "modified)", rank=rank)
+        traffic = observed_traffic()
+        ops = [list(traffic[r]) if traffic is not None else [CommOp(*f) for f in fields]
+               for r, (_, _, fields) in enumerate(results)]
+        expect_calls(ops, "all_reduce", 1, f"global_mean with {name}", advice=ONE_ALL_REDUCE)
+
+
+ONE_ALL_REDUCE = (": put the sum and the count in one float64 tensor and all-reduce it once (every "
+                  "all-reduce pays the network's latency once)")
+
+
+def mean_hint(got, expected):
+    """' (a rounding-sized gap: accumulate in float64 ...)' when got misses by float32 rounding only."""
+    if expected and abs(got - expected) <= 1e-5 * abs(expected):
+        return (" (off by rounding only: accumulate in float64 -- x.double().sum() -- float32 keeps about 7 "
+                "digits, and a sum of 1000 values loses some of them)")
+    return ""
 
 
 def _mean_and_input_after(global_mean, shards):
-    """Runs on each rank: the learner's result, and the rank's input as the call left it."""
+    """Runs on each rank: the learner's result, the rank's input as the call left it, its calls."""
     x = shards[dist.get_rank()].clone()
-    return global_mean(x), x
+    result, ops = recorded(global_mean, x)
+    return result, x, [[o.op, o.peer, o.nbytes, o.start, o.end, o.group] for o in ops]

@@ -47,6 +47,15 @@ def test_float_mismatches_carry_the_ratio_hint():
         expect_equal(torch.tensor([1, 5]), torch.tensor([0, 4]), "ints")
 
 
+def test_expect_equal_names_both_dtypes_even_when_the_values_match():
+    with pytest.raises(AssertionError,
+                       match=r"rank 2: idx has dtype float32, expected int64: .*must be integers"):
+        expect_equal(torch.tensor([0.0, 4.0]), torch.tensor([0, 4]), "idx", rank=2)
+    with pytest.raises(AssertionError, match=r"sum has dtype float32, expected float64"):
+        expect_equal(torch.ones(2), torch.ones(2, dtype=torch.float64), "sum")
+    expect_equal(torch.tensor([0, 4]), torch.tensor([0, 4]), "same dtype passes")
+
+
 def test_expect_same_state_tolerances():
     state = {"w": torch.ones(2, dtype=torch.float64), "n": torch.tensor(3)}
     expect_same_state({"w": state["w"] + 1e-12, "n": torch.tensor(3)}, state, "table")

@@ -192,3 +192,29 @@ def test_describe_and_advice_word_a_deadlock_in_the_exercises_terms(no_orphans):
     message = str(error.value)
     assert "worker 0: in recv from rank 1" in message and "worker 1: in recv from rank 0" in message
     assert message.endswith("Send first.") and "worker 2" not in message
+
+
+def test_the_circle_advice_only_when_every_rank_waits_in_the_same_call():
+    """'if every rank sends first' is said only when it is true; a wrong peer gets the peer advice."""
+    from dpcourse.comm.calls import PEER_ADVICE, RING_ADVICE, deadlock_advice
+
+    def call(rank, stuck):
+        return Call(rank, rank, stuck=stuck)
+
+    all_send = [call(r, f"in send to rank {(r + 1) % 3}") for r in range(3)]
+    assert deadlock_advice(all_send) == RING_ADVICE
+    wrong_peer = [call(0, "in recv from rank 2"), call(1, None), call(2, "in recv from rank 1")]
+    assert deadlock_advice(wrong_peer) == PEER_ADVICE
+    mixed = [call(0, "in send to rank 1"), call(1, "in recv from rank 0 (`dist.recv(b, 0)`)")]
+    assert deadlock_advice(mixed) == PEER_ADVICE
+
+
+def test_a_function_returning_its_input_is_told_apart_from_a_copy():
+    def same(x):
+        return x if dist.get_world_size() == 1 else x
+
+    def copy(x):
+        return x.clone()
+
+    assert run_p2p(same, [torch.ones(2)], exercise="same")[0].aliases_input
+    assert not run_p2p(copy, [torch.ones(2)], exercise="copy")[0].aliases_input

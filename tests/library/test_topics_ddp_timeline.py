@@ -84,3 +84,13 @@ def test_gradient_hooks_run_in_the_calling_thread_where_the_recorder_sees_them()
     """What the checks of notebook 05 rely on (on the CPU): hooks run in the thread that called backward."""
     for same_thread, all_reduces in launch(_hook_threads, 2):
         assert same_thread and all_reduces == 8
+
+
+def test_waiting_and_copying_split_the_time_after_backward():
+    """The band after backward is two things: waiting for the last all-reduce, then copying back."""
+    from dpcourse.topics.ddp.timeline import waiting_and_copying
+
+    summary = {"marks": {"backward_end": 1.0, "synced": 4.0}, "comms": [("all_reduce", 8, 0.5, 3.0)]}
+    assert waiting_and_copying(summary) == (2.0, 1.0)
+    done_early = {"marks": {"backward_end": 1.0, "synced": 1.5}, "comms": [("all_reduce", 8, 0.2, 0.8)]}
+    assert waiting_and_copying(done_early) == (0.0, 0.5)

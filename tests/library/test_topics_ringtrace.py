@@ -25,6 +25,8 @@ def test_a_ring_all_reduce_replays_its_steps_and_ends_complete():
         a, b = replay.chunks[rank]
         assert replay.contributions(2, rank)[a:b] == [[0, 1, 2]] * (b - a)
     assert "every element on every rank holds all ranks' data" in replay.caption(replay.steps)
+    # the slider's value (steps done) and the title say the same number
+    assert replay.caption(2).startswith(f"after 2 of {replay.steps} steps; step 3 sends ")
     for step in range(replay.steps + 1):
         replay.draw(step)
     matplotlib.pyplot.close("all")

@@ -133,6 +133,14 @@ def expect_from(calls, inputs, source_of, what, attr="result"):
                              f"{describe(expected)}")
 
 
+def expect_new_tensor(calls, what, advice="return a copy, x.clone()"):
+    """No rank returned its input itself (or a view of it): the caller gets a tensor of its own."""
+    for c in calls:
+        if c is not None and c.aliases_input:
+            raise AssertionError(f"rank {c.rank}: {what} returned x itself (the same memory), not a new "
+                                 f"tensor: {advice} -- the caller may change one and would change the other")
+
+
 def expect_unchanged(calls, inputs, what):
     """The input must be left as it was (a function that returns its result must not also edit x)."""
     for c in members(calls):

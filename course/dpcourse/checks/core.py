@@ -97,7 +97,9 @@ def float_hint(got, expected):
 
 
 def expect_equal(got, expected, what, rank=None, atol=0.0, rtol=0.0):
-    """Assert got == expected (tensors: same shape, values within atol/rtol, exact by default)."""
+    """Assert got == expected (tensors: same shape, same dtype, values within atol/rtol, exact by
+    default). The dtype is part of the answer: indices in float32, or a sum returned in float32 for
+    float64 inputs, fail with both dtypes named, even when the values compare equal."""
     where = rank_prefix(rank)
     if isinstance(expected, torch.Tensor):
         if not isinstance(got, torch.Tensor):
@@ -106,11 +108,24 @@ def expect_equal(got, expected, what, rank=None, atol=0.0, rtol=0.0):
             raise AssertionError(f"{where}{what} has shape {tuple(got.shape)}, expected "
                                  f"{tuple(expected.shape)}: got {describe(got)}, expected "
                                  f"{describe(expected)}")
+        if got.dtype != expected.dtype:
+            raise AssertionError(f"{where}{what} has dtype {str(got.dtype)[6:]}, expected "
+                                 f"{str(expected.dtype)[6:]}: got {describe(got)}{dtype_hint(got, expected)}")
         if not is_close(got, expected, atol=atol, rtol=rtol):
             raise AssertionError(f"{where}{what} is {describe(got)}, expected {describe(expected)}"
                                  f"{float_hint(got, expected)}")
     elif got != expected:
         raise AssertionError(f"{where}{what} is {describe(got)}, expected {describe(expected)}")
+
+
+def dtype_hint(got, expected):
+    """Why a dtype may be wrong, in a few words: indices must be integers, results keep the input's."""
+    if expected.dtype in (torch.int64, torch.int32) and got.is_floating_point():
+        return " (indices must be integers: build them with torch.arange or torch.tensor of ints)"
+    if got.is_floating_point() and expected.is_floating_point():
+        return (" (keep the input's dtype: a new tensor from torch.zeros(...) or torch.empty(...) is "
+                "float32 unless you pass dtype=, torch.empty_like(x) keeps x's)")
+    return ""
 
 
 def expect_close(got, expected, what, atol=None, rtol=None, rank=None):

@@ -60,6 +60,7 @@ class Call:
     stuck: str | None = None  # "in recv from rank 3 (`dist.recv(buf, left)`)" after a timeout
     forbidden: str | None = None  # the ForbiddenCollective message
     observed: dict | None = None  # what a Prepared.watch saw in the rank (None without one)
+    aliases_input: bool = False  # the result shares memory with the rank's input (x itself, a view)
 
     @property
     def group_size(self):
@@ -176,6 +177,7 @@ def _calls_of(case, reports, traffic):
         call.result, call.after = report.get("result"), report.get("after")
         call.stuck, call.forbidden = report.get("stuck"), report.get("forbidden")
         call.observed = report.get("observed")
+        call.aliases_input = bool(report.get("aliases_input"))
         if traffic is not None:
             call.ops = list(traffic[rank])
         else:
@@ -240,10 +242,19 @@ def _rank_side(fn, cases, exercise, prepare=None):
             if watch is not None:
                 report["observed"] = to_cpu(watch.observed())
         report["ops"] = [[o.op, o.peer, o.nbytes, o.start, o.end, o.group] for o in recorder.ops]
+        report["aliases_input"] = _shares_memory(report.get("result"), x)
         report["result"], report["after"] = to_cpu(report.get("result")), to_cpu(x)
         if report.get("stuck") or report.get("forbidden"):
             break  # peers will not match the next case's calls: stop here, report this one
     return reports
+
+
+def _shares_memory(result, x):
+    """True when the function returned its input, or a view of it, instead of a new tensor: only
+    the rank can tell (what travels back is a copy either way)."""
+    if not (isinstance(result, torch.Tensor) and isinstance(x, torch.Tensor)):
+        return False
+    return result.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
 
 
 def _make_group(groups, rank):
@@ -285,6 +296,24 @@ RING_ADVICE = (
     "first, odd ranks receive first), or post isend/irecv together and then wait.")
 
 
+PEER_ADVICE = (
+    "Not every rank is blocked in the same kind of call, so this is no circle of ranks that all send "
+    "(or all receive) first: a send or recv names a peer that never posts the matching call. For each "
+    "blocked rank above, check that the rank it names calls the matching recv (or send) with this rank "
+    "as its peer, as many times.")
+
+
+def deadlock_advice(group):
+    """RING_ADVICE only when it is the cause -- every rank of the group blocked in a send, or every
+    one in a recv -- else PEER_ADVICE: a wrong peer or a missing call leaves ranks blocked in
+    different calls, or some finished while others wait."""
+    kinds = {c.stuck.split()[1] if c.stuck and c.stuck.startswith("in ") else None for c in group}
+    kinds = {k.rstrip("()") if k else k for k in kinds}
+    if len(kinds) == 1 and kinds <= {"send", "recv"}:
+        return RING_ADVICE
+    return PEER_ADVICE
+
+
 def _raise_problems(calls, exercise, label, group_timeout, describe=None, advice=None):
     where = f" ({label})" if label else ""
     forbidden = [c for c in calls if c is not None and c.forbidden]
@@ -307,7 +336,7 @@ def _raise_problems(calls, exercise, label, group_timeout, describe=None, advice
         raise AssertionError(
             f"{exercise}{where} deadlocked: rank{'s' if len(stuck) > 1 else ''} "
             f"{_names([c.rank for c in stuck])} of {len(group)} waited {group_timeout:g} s for a "
-            f"partner that never came:\n" + "\n".join(lines) + "\n" + (advice or RING_ADVICE))
+            f"partner that never came:\n" + "\n".join(lines) + "\n" + (advice or deadlock_advice(group)))
 
 
 def _names(ranks):

@@ -23,13 +23,19 @@ BUGS = [
                                "    return (m / dist.get_world_size()).item()\n")],
         loses={"test_global_mean_unequal_shards": "global_mean of unequal shards is 4.0, expected 2"},
         keeps=["test_global_mean_basic"]),
-    Bug("global_mean", "float32_accumulation_in_two_all_reduces",  # a rewrite: two tensors, float32
+    Bug("global_mean", "float32_accumulation",  # one all-reduce, but the sum is kept in float32
+        patch=[(TOTALS, "    totals = torch.stack([x.sum(), torch.tensor(float(x.numel()))])\n")],
+        loses={"test_global_mean_unequal_shards": "off by rounding only: accumulate in float64"},
+        keeps=["test_global_mean_basic"]),
+    Bug("global_mean", "two_all_reduces",  # a rewrite: right values, but twice the latency
         source="def global_mean(x):\n"
-               "    total, count = x.sum(), torch.tensor(float(x.numel()))\n"
+               "    total = x.double().sum().reshape(1)\n"
+               "    count = torch.tensor([float(x.numel())], dtype=torch.float64)\n"
                "    dist.all_reduce(total)\n"
                "    dist.all_reduce(count)\n"
                "    return (total / count).item()\n",
-        loses={"test_global_mean_unequal_shards": "global_mean with shards of lengths 5, 1, 3 is 12.5555553"},
+        loses={"test_global_mean_unequal_shards":
+               "rank 0: global_mean of unequal shards called dist.all_reduce 2 times, expected 1"},
         keeps=["test_global_mean_basic"]),
     Bug("global_mean", "hidden_only_bug_returns_a_tensor",
         patch=[("    return (totals[0] / totals[1]).item()\n", "    return totals[0] / totals[1]\n")],

@@ -174,4 +174,8 @@ BUGS = [
                     "    var = (stats[1 + c:] - stats[0] * mean * mean) / (stats[0] - 1)\n")],
             loses={"test_sync_batch_norm_basic": "rank 0: sync_batch_norm of 2 shards of 4 rows is"}),
     ]),
+    Bug("shard_indices", "float_indices",  # indices built from floats: right values, wrong dtype
+        patch=[("        return torch.arange(start, start + base + (rank < extra))\n",
+                "        return torch.arange(float(start), start + base + (rank < extra))\n")],
+        loses={"test_shard_indices_basic": "rank 0: shard_indices(10, rank, 4) has dtype float32, expected int64"}),
 ]

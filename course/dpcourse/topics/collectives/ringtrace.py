@@ -194,7 +194,8 @@ class RingReplay:
                     + (f"; {bad} element(s) are no sum of distinct ranks (black)" if bad else ""))
         parts = [f"{m['src']}→{m['dst']}: {self.chunk_name(m['span'])} ({m['nbytes']} B)"
                  for m in self.messages(step)]
-        text = f"step {step + 1} of {self.steps}: " + ", ".join(parts)
+        # the slider's value is the number of steps done: its title says the same number
+        text = f"after {step} of {self.steps} steps; step {step + 1} sends " + ", ".join(parts)
         return text if len(text) < 140 else text[:137] + "…"
 
 
@@ -209,5 +210,5 @@ def ring_explorer(traces, step=0):
         replay.draw(step)
         plt.show()
 
-    slider = widgets.IntSlider(min=0, max=replay.steps, value=step, description="step")
+    slider = widgets.IntSlider(min=0, max=replay.steps, value=step, description="steps done")
     return explorer({"step": slider}, draw)

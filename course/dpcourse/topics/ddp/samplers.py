@@ -36,3 +36,12 @@ def run_sampler_cases(sampler_cls, cases):
 def run_sampler(sampler_cls, n, world_size, epoch=0, **options):
     """`sampler_shards` of one case, in a one-rank launch."""
     return run_sampler_cases(sampler_cls, [dict(n=n, world_size=world_size, epoch=epoch, **options)])[0]
+
+
+def expect_len_as_dealt(run, n, world_size):
+    """len() of every rank's sampler equals the number of indices it yields: a DataLoader sizes its
+    epoch with len(), so a rank whose len() lies runs a different number of steps than the others."""
+    for rank, (length, shard) in enumerate(zip(run["lengths"], run["shards"], strict=True)):
+        if length != len(shard):
+            raise AssertionError(f"ShardSampler({n}, num_replicas={world_size}, rank={rank}): len() says "
+                                 f"{length} but iterating gives {len(shard)} indices")

@@ -169,6 +169,18 @@ def exposed_communication(summary):
     return max(0.0, marks.get("synced", 0.0) - marks.get("backward_end", 0.0))
 
 
+def waiting_and_copying(summary):
+    """(seconds waiting for collectives after backward, seconds copying results back after the last
+    one completed): the two parts of the time between backward's end and "gradients synchronised"."""
+    marks = summary["marks"]
+    if "backward_end" not in marks or "synced" not in marks:
+        return 0.0, 0.0
+    end, synced = marks["backward_end"], marks["synced"]
+    last_done = max([end, *(c[3] for c in summary["comms"])])
+    last_done = min(last_done, synced)
+    return last_done - end, synced - last_done
+
+
 def plot_timeline(summaries, title="", ax=None):
     """Draw one step per rank: backward compute per layer, then each collective from issue to completion.
 
@@ -195,19 +207,24 @@ def plot_timeline(summaries, title="", ax=None):
             spans.append(Span(2 * rank + 1, start * ms, start * ms + width, colours(2 * (i % 10)), label,
                               edge="black", text_colour="white", linewidth=0.5))
     ys = draw_timeline(ax, groups, spans, xlabel="milliseconds since backward started   (dashed: backward "
-                       "ends; red: the step waits for communication)")
+                       "ends; red: waiting for all-reduces; blue: copying the results back into .grad)")
     for rank, s in enumerate(summaries):
         marks, y_compute, y_comm = s["marks"], ys[2 * rank], ys[2 * rank + 1]
         if "backward_end" in marks:
             x = marks["backward_end"] * ms
             ax.plot([x, x], [y_compute - 0.5, y_comm + 0.5], color="black", linestyle="--", linewidth=1)
             if "synced" in marks:
-                ax.add_patch(plt.Rectangle((x, y_compute - 0.5), max(marks["synced"] * ms - x, 0),
-                                           y_comm - y_compute + 1.0, color="red", alpha=0.12, linewidth=0))
+                waiting, copying = waiting_and_copying(s)
+                height = y_comm - y_compute + 1.0
+                ax.add_patch(plt.Rectangle((x, y_compute - 0.5), waiting * ms, height, color="red",
+                                           alpha=0.12, linewidth=0))
+                ax.add_patch(plt.Rectangle((x + waiting * ms, y_compute - 0.5), copying * ms, height,
+                                           color="tab:blue", alpha=0.15, linewidth=0))
     ax.set_xlim(0, end * 1.02)
-    exposed = exposed_communication(summaries[0]) * 1e3
+    waiting, copying = (1e3 * t for t in waiting_and_copying(summaries[0]))
     n_comms = len(summaries[0]["comms"])
-    ax.set_title(title or f"{n_comms} collectives; rank 0 waited {exposed:.2f} ms after backward")
+    ax.set_title(title or f"{n_comms} collectives; after backward rank 0 waited {waiting:.2f} ms for them "
+                          f"and copied results back for {copying:.2f} ms")
     return ax
 
 
