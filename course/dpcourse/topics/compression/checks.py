@@ -212,7 +212,8 @@ def expect_powersgd_bytes(results, shapes, matrix_rank, element_size, steps):
         if handed == want:
             continue
         hint = ""
-        every = steps * sum(_elements_compressing_every_matrix(shapes, matrix_rank).values()) * element_size
+        every_matrix = powersgd_elements(list(shapes.values()), matrix_rank, every_matrix=True)
+        every = steps * sum(every_matrix.values()) * element_size
         if handed == every:
             rule = [name for name, s in shapes.items() if len(s) >= 2 and not compressible(s, matrix_rank)]
             hint = (f" -- compress a matrix only when its factors are smaller, (n + m)·r < n·m: "
@@ -225,20 +226,6 @@ def expect_powersgd_bytes(results, shapes, matrix_rank, element_size, steps):
             f"rank {rank} handed {handed} bytes to all-reduces in {steps} steps, expected {want} = {steps} x "
             f"({counts['P']} elements of P + {counts['Q']} of Q + {counts['uncompressed']} uncompressed) x "
             f"{element_size} bytes (each compressed n×m matrix: (n + m)·r elements){hint}")
-
-
-def _elements_compressing_every_matrix(shapes, matrix_rank):
-    """powersgd_elements without the (n + m)·r < n·m rule: every tensor of >= 2 dimensions compressed."""
-    counts = {"P": 0, "Q": 0, "uncompressed": 0}
-    for shape in shapes.values():
-        if len(shape) >= 2:
-            n, m = shape[0], math.prod(shape[1:])
-            r = min(matrix_rank, n, m)
-            counts["P"] += n * r
-            counts["Q"] += m * r
-        else:
-            counts["uncompressed"] += math.prod(shape)
-    return counts
 
 
 def expect_same_update_on_all_ranks(results, what="the averaged gradient"):
