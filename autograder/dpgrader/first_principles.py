@@ -1,8 +1,9 @@
 """Hidden checks of 01_first_principles. Each raises a short AssertionError saying what is wrong.
 
 Expected values never come from the learner's functions: index arithmetic done
-another way (tensor_split, reshape), and single-process float64 training on the
-whole batch (dpcourse.reference.gradients).
+another way (tensor_split, reshape), single-process float64 training on the
+whole batch (dpcourse.reference.gradients), and the ZeRO paper's model-state
+formulas (dpcourse.topics.zero.memory.model_state_bytes).
 """
 
 import copy
@@ -13,6 +14,7 @@ from torch import nn
 
 from dpcourse import launch, rank_device
 from dpcourse.checks.core import describe, expect_close
+from dpcourse.checks.memory import expect_memory
 from dpcourse.checks.params import (
     expect_gradients,
     expect_parameters,
@@ -22,6 +24,7 @@ from dpcourse.checks.params import (
 from dpcourse.reference.gradients import batch_norm, full_batch_gradient, parameter_names, sgd_steps
 from dpcourse.reference.splits import ceil_div, chunk_sizes
 from dpcourse.runtime.timeouts import TIMEOUTS
+from dpcourse.topics.zero.memory import model_state_bytes
 from dpcourse.toys.data import gradient_problems, line_data
 from dpcourse.toys.models import RecordingLoss, linear
 
@@ -34,6 +37,10 @@ REFERENCES = {
     "allreduce_sgd_step": "plain SGD on the whole batch in float64 (dpcourse.reference.gradients.sgd_steps)",
     "sync_batch_norm": "batch normalisation of every rank's rows together, in float64 "
                        "(dpcourse.reference.gradients.batch_norm)",
+    "memory_per_gpu": "the ZeRO paper's model states, 2Ψ + 2Ψ + KΨ in mixed precision (§ 3.1; "
+                      "dpcourse.topics.zero.memory.model_state_bytes, stage DDP), with K = 4 (fp32 master "
+                      "copy) + 4 per optimizer moment, and the activations of the largest shard of "
+                      "tensor_split (dpcourse.reference.splits.chunk_sizes)",
 }
 
 
@@ -188,3 +195,53 @@ def check_sync_batch_norm(sync_batch_norm):
                                      f"{shards[rank].dtype}")
             if not unchanged:
                 raise AssertionError(f"{what} modified its input x in place")
+
+
+# ----------------------------------------------------------------------------------------------
+# exercise 6
+
+MOMENTS = {"sgd": 0, "momentum": 1, "adam": 2}  # fp32 tensors the optimizer keeps per parameter
+
+
+def expected_memory(n_params, optimizer, mixed_precision, world_size, global_batch, per_sample):
+    """(bytes per part, why per part) for one data-parallel GPU, from the ZeRO paper's formulas."""
+    weight_bytes = 2 if mixed_precision else 4
+    master = 4 if mixed_precision else 0
+    k = master + 4 * MOMENTS[optimizer]
+    states = model_state_bytes(n_params, 1, "DDP", weight_bytes=weight_bytes, grad_bytes=weight_bytes,
+                               K=k)
+    largest_shard = max(chunk_sizes(global_batch, world_size))
+    expected = dict(states, activations=largest_shard * per_sample)
+    expected["total"] = sum(expected.values())
+    precision = "fp16" if mixed_precision else "fp32"
+    parts = ([f"fp32 master weights {master}"] if master else []) + [
+        f"{name} {4}" for name in ("momentum", "variance")[:MOMENTS[optimizer]]]
+    whole = f", on every rank whatever the world size ({world_size}): data parallelism replicates the model"
+    why = {
+        "weights": f"{precision} weights, {weight_bytes} bytes each{whole}",
+        "gradients": f"{precision} gradients, {weight_bytes} bytes each{whole}",
+        "optimizer": (f"{optimizer} in {'mixed precision' if mixed_precision else 'fp32'} keeps "
+                      + (" + ".join(parts) + " bytes, all fp32" if parts else "no state")),
+        "activations": (f"the largest shard of {global_batch} samples over {world_size} ranks is "
+                        f"{largest_shard} samples, {per_sample} bytes each"),
+        "total": "the sum of the four parts",
+    }
+    return expected, why
+
+
+def memory_call(n_params, optimizer, mixed_precision, world_size, global_batch, per_sample):
+    return (f"memory_per_gpu({n_params:_}, {optimizer!r}, mixed_precision={mixed_precision}, "
+            f"world_size={world_size}, global_batch={global_batch}, "
+            f"activation_bytes_per_sample={per_sample})")
+
+
+def check_memory_per_gpu(memory_per_gpu):
+    cases = [(n, opt, mixed, world, batch, per)
+             for opt in ("adam", "momentum", "sgd") for mixed in (True, False)
+             for n, world, batch, per in [(7_500_000_000, 64, 0, 0), (1_500_000_000, 1, 32, 10**9),
+                                          (1_000, 4, 10, 3), (12_345, 3, 7, 1_000), (1, 8, 256, 5)]]
+    for n, opt, mixed, world, batch, per in cases:
+        expected, why = expected_memory(n, opt, mixed, world, batch, per)
+        got = memory_per_gpu(n, opt, mixed_precision=mixed, world_size=world, global_batch=batch,
+                             activation_bytes_per_sample=per)
+        expect_memory(got, expected, memory_call(n, opt, mixed, world, batch, per), n_params=n, why=why)

@@ -1,7 +1,7 @@
 """Planted bugs for 01_first_principles: each must lose the listed cells with a message saying why.
 
-The five exercises are independent, so each graded variant plants one bug in every exercise (five
-variants, five bugs per exercise, 25 bugs in five notebook executions).
+The six exercises are independent, so each graded variant plants one bug in every exercise (five
+variants, five bugs per exercise, 30 bugs in five notebook executions).
 """
 
 from planted import Bug, Variant
@@ -37,6 +37,11 @@ STATS = "    stats = torch.cat([count, x64.sum(0), (x64 * x64).sum(0)])\n"
 MEAN_VAR = ("    mean = stats[1:1 + c] / stats[0]\n"
             "    var = stats[1 + c:] / stats[0] - mean * mean\n")
 
+# ---- memory_per_gpu ------------------------------------------------------------------------------
+GRADIENTS = '        "gradients": weight_bytes * n_params,\n'
+OPTIMIZER = '        "optimizer": (master_bytes + 4 * moments[optimizer]) * n_params,\n'
+LARGEST = "    largest_shard = -(-global_batch // world_size)  # ceil: the fullest rank's samples\n"
+
 
 BUGS = [
     Variant("sums_instead_of_averaging", [
@@ -65,6 +70,10 @@ BUGS = [
                    "    return (x - mean) / torch.sqrt(var + eps) * weight + bias\n",
             loses={"test_sync_batch_norm_basic": "rank 0: sync_batch_norm of 2 shards of 4 rows is",
                    "test_sync_batch_norm_uneven": "sync_batch_norm of shards of 5, 1 and 3 rows is"}),
+        Bug("memory_per_gpu", "forgot_the_gradients",
+            patch=[(GRADIENTS, '        "gradients": 0,\n')],
+            loses={"test_memory_per_gpu_model_states": "'gradients' is 0 bytes (0 bytes per parameter), expected 3 GB",
+                   "test_memory_per_gpu_data_parallel": "'gradients' is 0 bytes"}),
     ]),
     Variant("plain_average_of_unequal_shards", [
         Bug("shard_indices", "chunk_sizes_of_ceil",
@@ -93,6 +102,14 @@ BUGS = [
                               "    var = stats[1 + c:] / stats[0]\n")],
             loses={"test_sync_batch_norm_basic": "rank 0: sync_batch_norm of 2 shards of 4 rows is",
                    "test_sync_batch_norm_uneven": "sync_batch_norm of shards of 5, 1 and 3 rows"}),
+        Bug("memory_per_gpu", "adam_without_a_master_copy",  # 2 + 2 + 8 = 12 bytes per parameter
+            patch=[("    master_bytes = 4 if mixed_precision else 0  # the fp32 copy the optimizer updates\n",
+                    "    master_bytes = 0\n")],
+            loses={"test_memory_per_gpu_model_states":
+                   "'optimizer' is 12 GB (8 bytes per parameter), expected 18 GB (12 bytes per parameter): fp32 master",
+                   "test_memory_per_gpu_data_parallel": "'optimizer' is 8,000,000 bytes (8 bytes per parameter), "
+                                                        "expected 12,000,000 bytes (12 bytes per parameter): fp32 "
+                                                        "throughout: the master copy"}),
     ]),
     Variant("gradients_not_zeroed", [
         Bug("shard_indices", "pad_repeats_the_last_sample",
@@ -116,6 +133,12 @@ BUGS = [
                    ("dtype=torch.float64, device=x.device", "device=x.device")],
             loses={"test_sync_batch_norm_uneven": "large mean (1000 + N(0, 1)): accumulate in float64"},
             keeps=["test_sync_batch_norm_basic"]),
+        Bug("memory_per_gpu", "fp16_optimizer_state",  # the moments kept in the weights' precision
+            patch=[(OPTIMIZER, '        "optimizer": (master_bytes + weight_bytes * moments[optimizer]) * n_params,\n')],
+            loses={"test_memory_per_gpu_model_states":
+                   "'optimizer' is 12 GB (8 bytes per parameter), expected 18 GB (12 bytes per parameter)",
+                   "test_memory_per_gpu_data_parallel": "'optimizer' is 8,000,000 bytes (8 bytes per parameter), "
+                                                        "expected 12,000,000 bytes"}),
     ]),
     Variant("empty_shards_and_forgotten_replicas", [
         Bug("shard_indices", "drop_from_the_front",
@@ -145,6 +168,12 @@ BUGS = [
                               "    var = stats[2 + c:] / stats[0] - mean * mean\n")],
             loses={"test_sync_batch_norm_uneven": "sync_batch_norm of shards of 5, 1 and 3 rows is"},
             keeps=["test_sync_batch_norm_basic"]),
+        Bug("memory_per_gpu", "activations_of_the_global_batch",  # each rank holds its shard, not the batch
+            patch=[(LARGEST, "    largest_shard = global_batch\n")],
+            loses={"test_memory_per_gpu_data_parallel":
+                   "'activations' is 256,000 bytes, expected 32,000 bytes: the fullest rank holds 32 of the 256 "
+                   "samples (8x the expected value)"},
+            keeps=["test_memory_per_gpu_model_states"]),
     ]),
     Variant("whole_batch_everywhere", [
         Bug("shard_indices", "strided_for_every_policy",  # a rewrite: one rule whatever the policy
@@ -173,7 +202,21 @@ BUGS = [
             patch=[("    var = stats[1 + c:] / stats[0] - mean * mean\n",
                     "    var = (stats[1 + c:] - stats[0] * mean * mean) / (stats[0] - 1)\n")],
             loses={"test_sync_batch_norm_basic": "rank 0: sync_batch_norm of 2 shards of 4 rows is"}),
+        Bug("memory_per_gpu", "model_states_split_over_the_ranks",  # "DDP splits the model"
+            patch=[(GRADIENTS, GRADIENTS.replace("n_params", "n_params / world_size")),
+                   (OPTIMIZER, OPTIMIZER.replace("n_params", "n_params / world_size")),
+                   ('        "weights": weight_bytes * n_params,\n',
+                    '        "weights": weight_bytes * n_params / world_size,\n')],
+            loses={"test_memory_per_gpu_data_parallel":
+                   "'weights' is 250,000 bytes (0.25 bytes per parameter), expected 2,000,000 bytes (2 bytes per "
+                   "parameter): every rank holds the whole model, whatever the world size (0.125x"},
+            keeps=["test_memory_per_gpu_model_states"]),
     ]),
+    Bug("memory_per_gpu", "floor_of_the_shard",  # B // N misses the fullest rank's extra sample
+        patch=[(LARGEST, "    largest_shard = global_batch // world_size\n")],
+        loses={"test_memory_per_gpu_data_parallel": "'activations' is 2,000 bytes, expected 3,000 bytes: the "
+                                                    "fullest rank holds 3 of the 10 samples"},
+        keeps=["test_memory_per_gpu_model_states"]),
     Bug("shard_indices", "float_indices",  # indices built from floats: right values, wrong dtype
         patch=[("        return torch.arange(start, start + base + (rank < extra))\n",
                 "        return torch.arange(float(start), start + base + (rank < extra))\n")],
