@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch import nn
 
 from dpcourse import launch, rank_device
-from dpcourse.checks.core import describe, expect_close
+from dpcourse.checks.core import describe, expect_close, known_mistake
 from dpcourse.checks.memory import expect_memory
 from dpcourse.checks.params import (
     expect_gradients,
@@ -22,6 +22,7 @@ from dpcourse.checks.params import (
     expect_shard_calls,
 )
 from dpcourse.reference.gradients import batch_norm, full_batch_gradient, parameter_names, sgd_steps
+from dpcourse.reference.mistakes import batch_norm_mistakes, gradient_mistakes
 from dpcourse.reference.splits import ceil_div, chunk_sizes
 from dpcourse.runtime.timeouts import TIMEOUTS
 from dpcourse.topics.zero.memory import model_state_bytes
@@ -32,7 +33,8 @@ from dpcourse.toys.models import RecordingLoss, linear
 REFERENCES = {
     "shard_indices": "torch.tensor_split and reshape of arange(n), one per remainder policy",
     "data_parallel_gradient": "the float64 gradient of the whole batch in one process "
-                              "(dpcourse.reference.gradients.full_batch_gradient)",
+                              "(dpcourse.reference.gradients.full_batch_gradient); diagnoses from known "
+                              "wrong answers computed from the shards (dpcourse.reference.mistakes)",
     "simulated_dp_step": "plain SGD on the whole batch in float64 (dpcourse.reference.gradients.sgd_steps)",
     "allreduce_sgd_step": "plain SGD on the whole batch in float64 (dpcourse.reference.gradients.sgd_steps)",
     "sync_batch_norm": "batch normalisation of every rank's rows together, in float64 "
@@ -98,7 +100,9 @@ def check_data_parallel_gradient(data_parallel_gradient):
                 recording = RecordingLoss(loss_fn)
                 got = data_parallel_gradient(model, recording, x, y, world)
                 expect_shard_calls(recording.sizes, chunk_sizes(len(x), world), f"with {case}")
-                expect_gradients(got, expected, parameter_names(model), f"with {case}")
+                stale = [torch.full_like(p, 7.0) for p in model.parameters()] if seed else None
+                expect_gradients(got, expected, parameter_names(model), f"with {case}",
+                                 suspects=gradient_mistakes(model, loss_fn, x, y, world, stale=stale))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -187,9 +191,10 @@ def check_sync_batch_norm(sync_batch_norm):
         expected = torch.split(batch_norm(torch.cat(shards), weight, bias), [len(s) for s in shards])
         results = launch(run_sync_batch_norm, len(shards), sync_batch_norm, shards, weight, bias, 1e-5,
                          group_timeout=TIMEOUTS["test_group"])
+        hint = known_mistake([out for out, _ in results], batch_norm_mistakes(shards, weight, bias))
         for rank, ((out, unchanged), want) in enumerate(zip(results, expected, strict=True)):
             what = f"rank {rank}: sync_batch_norm with {name}"
-            expect_close(out, want, what)
+            expect_close(out, want, what, hint=hint)
             if out.dtype != shards[rank].dtype:
                 raise AssertionError(f"{what} returned dtype {out.dtype}, expected the input's "
                                      f"{shards[rank].dtype}")

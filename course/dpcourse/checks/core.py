@@ -128,8 +128,27 @@ def dtype_hint(got, expected):
     return ""
 
 
-def expect_close(got, expected, what, atol=None, rtol=None, rank=None):
-    """Assert tensor `got` is close to `expected` (any dtype, any device; the table's tolerance)."""
+def known_mistake(got, suspects):
+    """The hint of the first known wrong answer that `got` matches, else ''.
+
+    got: a tensor or a list of tensors (one per parameter, or one per rank). suspects: {hint: the
+    wrong answer, shaped like got}, computed independently (dpcourse.reference.mistakes). Why: a
+    learner whose result equals "the plain mean of the shard means" learns more from that sentence
+    than from two lists of numbers.
+    """
+    many = isinstance(got, (list, tuple))
+    got = list(got) if many else [got]
+    for hint, wrong in (suspects or {}).items():
+        wrong = list(wrong) if many else [wrong]
+        if len(wrong) == len(got) and all(isinstance(g, torch.Tensor) and is_close(g.detach().cpu(), w)
+                                          for g, w in zip(got, wrong, strict=True)):
+            return hint
+    return ""
+
+
+def expect_close(got, expected, what, atol=None, rtol=None, rank=None, hint=""):
+    """Assert tensor `got` is close to `expected` (any dtype, any device; the table's tolerance).
+    `hint` ends the message on a mismatch of values (what the result looks like instead)."""
     where = rank_prefix(rank)
     if not isinstance(got, torch.Tensor):
         raise AssertionError(f"{where}{what} should be a tensor, got {describe(got)[:200]}")
@@ -141,4 +160,4 @@ def expect_close(got, expected, what, atol=None, rtol=None, rank=None):
                              f"shard's size, or by a zero variance?)")
     if not is_close(got, expected, atol=atol, rtol=rtol):
         raise AssertionError(f"{where}{what} is {describe(got)}, expected {describe(expected)}"
-                             f"{ratio_hint(got, expected)}")
+                             f"{ratio_hint(got, expected)}" + (f": {hint}" if hint else ""))

@@ -53,7 +53,8 @@ BUGS = [
                    "test_shard_indices_policies": "rank 3: shard_indices(3, 3, 4) has shape (3,), expected (0,)"}),
         Bug("data_parallel_gradient", "sums_shard_gradients",
             patch=[(WEIGHTED, "            t += g\n")],
-            loses={"test_data_parallel_gradient_basic": "(4x the expected values)",
+            loses={"test_data_parallel_gradient_basic": "(4x the expected values): it is the sum of the shard "
+                                                        "gradients",
                    "test_data_parallel_gradient_uneven": "the gradient of 0.weight"}),
         Bug("simulated_dp_step", "sums_worker_gradients",
             patch=[(AVERAGE, "    average = [sum(g[i] for g in grads) for i in range(len(grads[0]))]\n")],
@@ -68,8 +69,8 @@ BUGS = [
                    "    mean = x.mean(0)\n"
                    "    var = x.var(0, unbiased=False)\n"
                    "    return (x - mean) / torch.sqrt(var + eps) * weight + bias\n",
-            loses={"test_sync_batch_norm_basic": "rank 0: sync_batch_norm of 2 shards of 4 rows is",
-                   "test_sync_batch_norm_uneven": "sync_batch_norm of shards of 5, 1 and 3 rows is"}),
+            loses={"test_sync_batch_norm_basic": "each rank normalised with its own shard's statistics",
+                   "test_sync_batch_norm_uneven": "each rank normalised with its own shard's statistics"}),
         Bug("memory_per_gpu", "forgot_the_gradients",
             patch=[(GRADIENTS, '        "gradients": 0,\n')],
             loses={"test_memory_per_gpu_model_states": "'gradients' is 0 bytes (0 bytes per parameter), expected 3 GB",
@@ -86,7 +87,8 @@ BUGS = [
             patch=[(WEIGHTED, "            t += g\n"),
                    ("    return total\n",
                     "    return [t / sum(len(s) > 0 for s in torch.tensor_split(x, world_size)) for t in total]\n")],
-            loses={"test_data_parallel_gradient_uneven": "shards 3, 3, 2, 2), the gradient of"},
+            loses={"test_data_parallel_gradient_uneven": "is this the plain mean of the shard means? With unequal "
+                                                         "shards, weight shard k's gradient by n_k / B"},
             keeps=["test_data_parallel_gradient_basic"]),
         Bug("simulated_dp_step", "plain_mean_of_worker_gradients",
             patch=[(AVERAGE, "    average = [sum(g[i] for g in grads) / len(grads) for i in range(len(grads[0]))]\n")],
@@ -100,8 +102,8 @@ BUGS = [
             patch=[(STATS, "    stats = torch.cat([count, x64.sum(0), x64.var(0, unbiased=False) * len(x)])\n"),
                    (MEAN_VAR, "    mean = stats[1:1 + c] / stats[0]\n"
                               "    var = stats[1 + c:] / stats[0]\n")],
-            loses={"test_sync_batch_norm_basic": "rank 0: sync_batch_norm of 2 shards of 4 rows is",
-                   "test_sync_batch_norm_uneven": "sync_batch_norm of shards of 5, 1 and 3 rows"}),
+            loses={"test_sync_batch_norm_basic": "misses the spread between the shards' means",
+                   "test_sync_batch_norm_uneven": "misses the spread between the shards' means"}),
         Bug("memory_per_gpu", "adam_without_a_master_copy",  # 2 + 2 + 8 = 12 bytes per parameter
             patch=[("    master_bytes = 4 if mixed_precision else 0  # the fp32 copy the optimizer updates\n",
                     "    master_bytes = 0\n")],
@@ -118,7 +120,8 @@ BUGS = [
             keeps=["test_shard_indices_basic"]),
         Bug("data_parallel_gradient", "shard_gradients_not_zeroed",
             patch=[(LOCAL_GRADIENT, BACKWARD)],
-            loses={"test_data_parallel_gradient_basic": "12 samples over 4 workers, the gradient of weight"}),
+            loses={"test_data_parallel_gradient_basic": "it is what gradients accumulated in .grad across the "
+                                                        "shards give: forgot zero_grad?"}),
         Bug("simulated_dp_step", "replica_gradients_not_zeroed",
             patch=[("            grads.append(torch.autograd.grad(loss_fn(replica(xs), ys), list(replica.parameters())))\n",
                     "            loss_fn(replica(xs), ys).backward()  # accumulates into .grad, never zeroed\n"
@@ -149,7 +152,8 @@ BUGS = [
         Bug("data_parallel_gradient", "zeroed_after_instead_of_before",
             patch=[(LOCAL_GRADIENT, BACKWARD),
                    (WEIGHTED, WEIGHTED + "        model.zero_grad()\n")],
-            loses={"test_data_parallel_gradient_uneven": "arrives with stale .grad"},
+            loses={"test_data_parallel_gradient_uneven": "arrives with stale .grad from an earlier step), the "
+                                                         "gradient of weight"},
             keeps=["test_data_parallel_gradient_basic"]),
         Bug("simulated_dp_step", "only_replica_0_updated",
             patch=[("        for replica in replicas:\n", "        for replica in replicas[:1]:\n")],
@@ -166,7 +170,7 @@ BUGS = [
                            "    stats = torch.cat([count, one, x64.mean(0), (x64 * x64).sum(0)])\n"),
                    (MEAN_VAR, "    mean = stats[2:2 + c] / stats[1]\n"
                               "    var = stats[2 + c:] / stats[0] - mean * mean\n")],
-            loses={"test_sync_batch_norm_uneven": "sync_batch_norm of shards of 5, 1 and 3 rows is"},
+            loses={"test_sync_batch_norm_uneven": "it uses the plain mean of the shard means: with unequal shards"},
             keeps=["test_sync_batch_norm_basic"]),
         Bug("memory_per_gpu", "activations_of_the_global_batch",  # each rank holds its shard, not the batch
             patch=[(LARGEST, "    largest_shard = global_batch\n")],
@@ -201,7 +205,7 @@ BUGS = [
         Bug("sync_batch_norm", "unbiased_variance",
             patch=[("    var = stats[1 + c:] / stats[0] - mean * mean\n",
                     "    var = (stats[1 + c:] - stats[0] * mean * mean) / (stats[0] - 1)\n")],
-            loses={"test_sync_batch_norm_basic": "rank 0: sync_batch_norm of 2 shards of 4 rows is"}),
+            loses={"test_sync_batch_norm_basic": "its variance divides by B − 1"}),
         Bug("memory_per_gpu", "model_states_split_over_the_ranks",  # "DDP splits the model"
             patch=[(GRADIENTS, GRADIENTS.replace("n_params", "n_params / world_size")),
                    (OPTIMIZER, OPTIMIZER.replace("n_params", "n_params / world_size")),
