@@ -65,3 +65,15 @@ def test_expect_same_state_tolerances():
         expect_same_state({"w": state["w"], "n": torch.tensor(4)}, state, "counter")
     with pytest.raises(AssertionError, match="should be a state_dict"):
         expect_same_state([1], state, "list")
+
+
+def test_a_known_mistake_is_named_at_the_end_of_the_message():
+    from dpcourse.checks.core import expect_close, known_mistake
+
+    right, summed = torch.ones(3, dtype=torch.float64), torch.full((3,), 4.0, dtype=torch.float64)
+    suspects = {"the sum, not the mean": summed, "the negation": -right}
+    assert known_mistake(summed.float(), suspects) == "the sum, not the mean"
+    assert known_mistake([-right], {"the negation": [-right]}) == "the negation"
+    assert known_mistake(right + 0.5, suspects) == ""
+    with pytest.raises(AssertionError, match=r"\(4x the expected values\): the sum, not the mean$"):
+        expect_close(summed.float(), right, "g", hint=known_mistake(summed.float(), suspects))
