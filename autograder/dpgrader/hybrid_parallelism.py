@@ -25,7 +25,7 @@ from dpcourse.topics.hybrid.checks import (
     expect_plan,
     expect_plan_refused,
 )
-from dpcourse.topics.hybrid.costs import cluster, divisors, gpus, predict
+from dpcourse.topics.hybrid.costs import cluster, layouts, predict
 from dpcourse.topics.hybrid.runs import run_dp_pp_cases, run_dp_tp_cases, run_grid_cases, run_plan_cases
 from dpcourse.topics.tensor.models import inputs
 
@@ -106,17 +106,12 @@ def check_hybrid_dp_pp_step(hybrid_dp_pp_step):
 
 def best_layout(model, cl):
     """(the fastest layout that fits, or None; the smallest memory any layout needs), trying them all."""
-    n, best, least = gpus(cl), None, None
-    for dp in divisors(n):
-        for tp in divisors(n // dp):
-            pp = n // (dp * tp)
-            if model["layers"] % pp or model["batch"] % dp:
-                continue
-            for micro in divisors(model["batch"] // dp):
-                p = predict(model, cl, dp, tp, pp, micro)
-                least = p["memory"] if least is None else min(least, p["memory"])
-                if p["memory"] <= cl["memory"] and (best is None or p["time"] < best[0]):
-                    best = (p["time"], dict(dp=dp, tp=tp, pp=pp, micro=micro))
+    best, least = None, None
+    for dp, tp, pp, micro in layouts(model, cl):
+        p = predict(model, cl, dp, tp, pp, micro)
+        least = p["memory"] if least is None else min(least, p["memory"])
+        if p["memory"] <= cl["memory"] and (best is None or p["time"] < best[0]):
+            best = (p["time"], dict(dp=dp, tp=tp, pp=pp, micro=micro))
     return (None if best is None else best[1]), least
 
 

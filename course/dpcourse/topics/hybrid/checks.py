@@ -500,18 +500,10 @@ def expect_plan(outcome, model, cluster, best, what):
 
 def smallest_memory(model, cluster):
     """The least memory per GPU any layout of the model needs on the cluster (trying every one)."""
-    from dpcourse.topics.hybrid.costs import divisors, gpus, predict
+    from dpcourse.topics.hybrid.costs import layouts, predict
 
-    n, least = gpus(cluster), None
-    for dp in divisors(n):
-        for tp in divisors(n // dp):
-            pp = n // (dp * tp)
-            if model["layers"] % pp or model["batch"] % dp:
-                continue
-            for micro in divisors(model["batch"] // dp):
-                memory = predict(model, cluster, dp, tp, pp, micro)["memory"]
-                least = memory if least is None else min(least, memory)
-    return least
+    memories = [predict(model, cluster, *layout)["memory"] for layout in layouts(model, cluster)]
+    return min(memories, default=None)
 
 
 def expect_plan_refused(outcome, model, cluster, what):

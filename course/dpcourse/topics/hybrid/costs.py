@@ -133,5 +133,19 @@ def divisors(n):
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def layouts(model, cluster):
+    """Every (dp, tp, pp, micro) the cost model accepts on the cluster: dp·tp·pp = its GPUs, pp
+    divides the layers, dp the batch, micro the rows of one replica. What a brute-force search
+    (the grader's best layout, the least memory any layout needs) walks through."""
+    n = gpus(cluster)
+    for dp in divisors(n):
+        for tp in divisors(n // dp):
+            pp = n // (dp * tp)
+            if model["layers"] % pp or model["batch"] % dp:
+                continue
+            for micro in divisors(model["batch"] // dp):
+                yield dp, tp, pp, micro
+
+
 def format_layout(p):
     return f"dp {p['dp']} x tp {p['tp']} x pp {p['pp']}, {p['micro']} micro-batch(es)"
