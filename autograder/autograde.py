@@ -4,14 +4,15 @@
     python autograder/autograde.py --jobs 4 --no-sandbox
 
 Two phases, so that one bad submission never stops the others and the class grades in parallel:
-  1. judge: the submissions (submitted/<student>/<assignment>/<notebook>.ipynb) are graded in
-     batches of one assignment, JOBS batches at a time, each in a scratch course with its own
-     gradebook (grade.py): a sandboxed kernel for each notebook's cells, the judge for its test
-     cells. A submission that cannot be read, crashes the grader or runs past its time limit is
+  1. judge: the submissions (submitted/<student>/<assignment>/<notebook>.ipynb) are judged in
+     batches of one assignment, JOBS batches at a time, each batch by one judge process
+     (dpgrader.judge: learner code only in sandboxed ranks). A submission that cannot be read,
+     breaks the judge or runs past its time limit is judged again alone and, if it fails again,
      listed with the reason; the others go on.
-  2. record: for each assignment, one `nbgrader autograde` over the class gradebook replays the
-     outputs phase 1 computed (no learner code runs again), then feedback (hidden tests cleared)
-     and grades.csv. Submissions that failed phase 1 are left out and listed.
+  2. record: nbgrader, in this process, for each assignment: generate_assignment into the class
+     gradebook, autograde (each test cell's output is its verdict from phase 1: no learner code
+     runs again), feedback (hidden tests cleared); then grades.csv. Submissions that failed
+     phase 1 are left out and listed.
 
 The course root and gradebook come from nbgrader_config.py (DPCOURSE_COURSE_ROOT / DPCOURSE_DB_URL
 override them). Exit status: 0 when every submission was graded, 1 when some were not (listed).
@@ -22,34 +23,21 @@ import concurrent.futures
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-PER_SUBMISSION_TIMEOUT = 1800  # seconds phase 1 may spend on one submission
-BATCH = 8  # submissions of one assignment graded by one grade.py run (nbgrader starts once per batch)
+sys.path.insert(0, str(HERE))  # dpgrader, and grade.py's notebook check
+
+from grade import GradingError, read_notebook  # noqa: E402
+
+PER_SUBMISSION_TIMEOUT = 900  # seconds the judge may spend on one submission
+BATCH = 8  # submissions of one assignment judged by one judge process (its sandboxes start once)
 
 
 def course_root():
     return Path(os.environ.get("DPCOURSE_COURSE_ROOT", HERE.parent))
-
-
-def nbgrader(*args, env=None, check=True):
-    env = dict(env or os.environ)
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    proc = subprocess.run(
-        [sys.executable, "-m", "nbgrader", *args],
-        cwd=HERE,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=6 * 3600,
-    )
-    if check and proc.returncode != 0:
-        raise RuntimeError(f"nbgrader {' '.join(args)} failed:\n{(proc.stderr or proc.stdout)[-3000:]}")
-    return proc
 
 
 def submissions(root):
@@ -62,56 +50,35 @@ def submissions(root):
     return found
 
 
-def judge_batch(batch, assignment, replay_dir, sandboxed):
-    """Phase 1 for several submissions of one assignment, in one grade.py run (one nbgrader start for
-    all of them): {student: result}, and each graded copy saved for phase 2."""
-    scratch = replay_dir / "scratch" / f"{assignment}-{batch[0][0]}"
-    shutil.rmtree(scratch, ignore_errors=True)
-    command = [
-        sys.executable,
-        str(HERE / "grade.py"),
-        *(str(nb) for _, nb in batch),
-        "--assignment",
-        assignment,
-        "--json",
-        "--keep",
-        str(scratch),
-    ]
-    if not sandboxed:
-        command.append("--no-sandbox")
-    try:
-        proc = subprocess.run(
-            command,
-            capture_output=True,
-            text=True,
-            timeout=PER_SUBMISSION_TIMEOUT * len(batch),
-            start_new_session=True,
-        )
-    except subprocess.TimeoutExpired:
-        return {
-            student: {
-                "error": f"grading took longer than {PER_SUBMISSION_TIMEOUT} s a notebook and was stopped"
-            }
-            for student, _ in batch
-        }
-    try:
-        results = json.loads(proc.stdout)
-    except ValueError:
-        reason = "the grader failed: " + (proc.stderr or proc.stdout).strip()[-1500:]
-        return {student: {"error": reason} for student, _ in batch}
-    results = results if isinstance(results, list) else [results]
-    out = {}
-    for index, ((student, notebook), result) in enumerate(zip(batch, results, strict=True)):
-        graded = scratch / "autograder" / "autograded" / f"learner{index}" / assignment / notebook.name
-        if result.get("error") or not graded.exists():
-            out[student] = {"error": result.get("error") or "nbgrader wrote no graded notebook"}
+def judge_batch(batch, assignment, root, verdicts_dir, sandboxed):
+    """Phase 1 for several submissions of one assignment, in one judge process (its sandboxes
+    started once): {student: {} or {"error": why}}; the verdicts are left in verdicts_dir."""
+    from dpgrader.judge.process import judge_notebooks, verdicts_path
+
+    out, readable = {}, []
+    for student, notebook in batch:
+        try:
+            read_notebook(notebook)
+            readable.append((student, notebook))
+        except GradingError as exc:
+            out[student] = {"error": str(exc)}
+    source = source_notebook(root, assignment)
+    judged = judge_notebooks(source, [nb for _, nb in readable], sandboxed, timeout=PER_SUBMISSION_TIMEOUT)
+    for student, notebook in readable:
+        verdicts = judged[str(notebook)]
+        if "error" in verdicts:
+            out[student] = {"error": verdicts["error"]}
             continue
-        target = replay_dir / student / assignment / notebook.name
+        target = verdicts_path(verdicts_dir, student, assignment, notebook.stem)
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(graded, target)
-        out[student] = result
-    shutil.rmtree(scratch, ignore_errors=True)
+        target.write_text(json.dumps(verdicts))
+        out[student] = {}
     return out
+
+
+def source_notebook(root, assignment):
+    """The instructor's notebook of an assignment (solutions/<assignment>/, one notebook each)."""
+    return next((root / "solutions" / assignment).glob("*.ipynb"))
 
 
 def batches(subs, jobs, size=BATCH):
@@ -140,13 +107,13 @@ def progress(done, total, current, start):
     print(line, end="", flush=True)
 
 
-def judge_class(subs, replay_dir, jobs, sandboxed):
+def judge_class(subs, root, verdicts_dir, jobs, sandboxed):
     """Phase 1 for every submission, `jobs` batches at a time; returns {(student, assignment): result}."""
     results, start = {}, time.monotonic()
     progress(0, len(subs), "", start)
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
         futures = {
-            pool.submit(judge_batch, batch, assignment, replay_dir, sandboxed): (assignment, batch)
+            pool.submit(judge_batch, batch, assignment, root, verdicts_dir, sandboxed): (assignment, batch)
             for assignment, batch in batches(subs, jobs)
         }
         for future in concurrent.futures.as_completed(futures):
@@ -162,27 +129,24 @@ def judge_class(subs, replay_dir, jobs, sandboxed):
     return results
 
 
-def record_class(root, assignments, failed, replay_dir):
-    """Phase 2: the class gradebook, feedback and grades.csv, from phase 1's outputs."""
-    env = dict(os.environ, DPCOURSE_REPLAY_DIR=str(replay_dir))
-    problems = []
-    for assignment in assignments:
-        excluded = ",".join(sorted(s for s, a in failed if a == assignment))
-        extra = [f"--CourseDirectory.student_id_exclude={excluded}"] if excluded else []
-        for step in ("generate_assignment", "autograde", "generate_feedback"):
-            args = [step, assignment, "--force", *(extra if step != "generate_assignment" else [])]
-            proc = nbgrader(*args, env=env, check=False)
-            if proc.returncode != 0:
-                problems.append(
-                    f"{assignment}: nbgrader {step} reported errors:\n" + _errors(proc.stderr or proc.stdout)
-                )
-    nbgrader("export", "--to", str(root / "autograder" / "grades.csv"), env=env)
+def record_class(root, assignments, failed, verdicts_dir, sandboxed):
+    """Phase 2: the class gradebook, feedback and grades.csv, from phase 1's verdicts (one process)."""
+    from dpgrader.judge.record import Recorder, StepFailed
+
+    book = Recorder(root, os.environ.get("DPCOURSE_DB_URL"), verdicts_dir, sandboxed)
+    problems, start = [], time.monotonic()
+    for done, assignment in enumerate(assignments):
+        progress(done, len(assignments), f"recording {assignment}", start)
+        excluded = sorted(s for s, a in failed if a == assignment)
+        for step in (book.generate, book.autograde, book.feedback):
+            try:
+                step(assignment) if step == book.generate else step(assignment, exclude=excluded)
+            except StepFailed as exc:
+                problems.append(str(exc))
+    book.export(root / "autograder" / "grades.csv")
+    progress(len(assignments), len(assignments), "recorded", start)
+    print()
     return problems
-
-
-def _errors(log):
-    lines = [line for line in log.splitlines() if "ERROR" in line or "Error" in line]
-    return "\n".join((lines or log.splitlines())[-15:])
 
 
 def main(argv=None):
@@ -208,7 +172,6 @@ def main(argv=None):
     unknown = sorted({a for _, a, _ in subs if not (root / "solutions" / a).is_dir()})
     subs = [s for s in subs if s[1] not in unknown]
     if not args.no_sandbox:
-        sys.path.insert(0, str(HERE))
         from dpgrader.judge.sandbox import SandboxUnavailable, require
 
         try:
@@ -216,12 +179,12 @@ def main(argv=None):
         except SandboxUnavailable as exc:
             print(f"grading refused: {exc}", file=sys.stderr)
             return 2
-    replay_dir = root / "autograder" / ".judged"
-    shutil.rmtree(replay_dir, ignore_errors=True)
+    verdicts_dir = root / "autograder" / ".judged"
+    shutil.rmtree(verdicts_dir, ignore_errors=True)
     print(f"grading {len(subs)} submission(s), {args.jobs} at a time")
-    results = judge_class(subs, replay_dir, args.jobs, not args.no_sandbox)
+    results = judge_class(subs, root, verdicts_dir, args.jobs, not args.no_sandbox)
     failed = {key: r["error"] for key, r in results.items() if r.get("error")}
-    problems = record_class(root, sorted({a for _, a, _ in subs}), failed, replay_dir)
+    problems = record_class(root, sorted({a for _, a, _ in subs}), failed, verdicts_dir, not args.no_sandbox)
     print(f"grades: {root / 'autograder' / 'grades.csv'}; feedback: {root / 'autograder' / 'feedback'}")
     for assignment in unknown:
         print(f"skipped {assignment}: no such assignment in solutions/")

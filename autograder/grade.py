@@ -4,25 +4,25 @@
     python autograder/grade.py my_copy.ipynb --json                                # one JSON object
     python autograder/grade.py a.ipynb b.ipynb --json                              # a JSON list
 
-Each notebook becomes one "student" of a temporary course made from solutions/:
-generate_assignment records the test cells (hidden tests included) in a fresh
-gradebook, autograde restores them over the student's copy, executes it and
-scores it. Nothing in the repository's own gradebook or folders is touched.
-Several notebooks of one assignment are graded in a single nbgrader run.
+Each notebook becomes one "student" of a temporary course made from solutions/. The judge
+(dpgrader.judge) gives every test cell its verdict, in a process of its own where the learner's
+code never runs (one judge for all the notebooks of an assignment); meanwhile nbgrader, in this
+process, records the assignment's cells (hidden tests included) in a fresh gradebook
+(generate_assignment, cached); then `autograde` restores the test cells over each student's copy,
+writes the verdicts as their outputs and scores them. Nothing in the repository's own gradebook or
+folders is touched.
 
 Exit status: 0 when every notebook could be graded (whatever its score), 2 otherwise.
 """
 
 import argparse
+import concurrent.futures
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
-
-import nbformat
 
 AUTOGRADER = Path(__file__).resolve().parent
 REPO = AUTOGRADER.parent
@@ -45,11 +45,20 @@ def find_assignment(notebook):
 
 
 def read_notebook(path):
+    """The notebook as JSON, or a GradingError saying what is wrong with the file.
+
+    Plain JSON, not nbformat (whose import costs seconds, and the judge starts only after this
+    check); nbgrader validates the notebook's schema when it records the grades.
+    """
     try:
-        return nbformat.read(path, as_version=4)
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        if not isinstance(data, dict) or data.get("nbformat") != 4 or not isinstance(data.get("cells"), list):
+            raise ValueError("not a Jupyter notebook of format 4 with a list of cells")
+        return data
     except FileNotFoundError:
         raise GradingError(f"{path}: no such file") from None
-    except Exception as exc:  # nbformat raises several types for broken JSON or schema
+    except (ValueError, UnicodeDecodeError) as exc:  # json.JSONDecodeError is a ValueError
         raise GradingError(f"{path} is not a readable notebook ({type(exc).__name__}: {exc}). "
                            "Was it saved completely? Restore it from course/ and copy your code back."
                            ) from None
@@ -84,39 +93,71 @@ def grade(notebooks, assignment=None, keep=None, sandboxed=True):
 
 
 def _grade_assignment(assignment, notebooks, keep, sandboxed=True):
+    """Judge the notebooks (one judge process for all), then record the verdicts with nbgrader."""
+    from dpgrader.judge.process import judge_notebooks, verdicts_path
+    from dpgrader.judge.record import Recorder
+
     root = Path(keep or tempfile.mkdtemp(prefix="dpcourse-grade-"))
     try:
         shutil.copytree(SOLUTIONS / assignment, root / "solutions" / assignment, dirs_exist_ok=True)
+        name = _source_name(assignment, notebooks[0])
         students = [f"learner{i}" for i in range(len(notebooks))]
+        paths = []
         for student, nb in zip(students, notebooks, strict=True):
             target = root / "autograder" / "submitted" / student / assignment
             target.mkdir(parents=True, exist_ok=True)
-            shutil.copy(nb, target / _source_name(assignment, nb))
-        env = dict(os.environ, DPCOURSE_COURSE_ROOT=str(root),
-                   DPCOURSE_DB_URL=f"sqlite:///{root / 'gradebook.db'}", DPCOURSE_SANDBOX=str(int(sandboxed)))
-        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-        log = _generated_gradebook(assignment, root, env)
-        log += _nbgrader(["autograde", assignment, "--force"], env)
-        return [_collect(root, assignment, student, nb, log)
+            paths.append(shutil.copy(nb, target / _source_name(assignment, nb)))
+        with concurrent.futures.ThreadPoolExecutor(1) as worker:  # nbgrader loads while the judge works
+            judged = worker.submit(judge_notebooks, SOLUTIONS / assignment / name, paths, sandboxed)
+            book = Recorder(root, f"sqlite:///{root / 'gradebook.db'}", root / "autograder" / "verdicts",
+                            sandboxed)
+            log = _generated_gradebook(assignment, root, book)
+            verdicts = judged.result()
+        failed = {}
+        for student, path in zip(students, paths, strict=True):
+            verdict = verdicts[str(path)]
+            if "error" in verdict:
+                failed[student] = verdict["error"]
+                continue
+            target = verdicts_path(root / "autograder" / "verdicts", student, assignment, Path(path).stem)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(json.dumps(verdict))
+        if len(failed) < len(students):
+            log += _recorded(book, assignment, failed)
+        return [_collect(root, assignment, student, nb, log, failed.get(student))
                 for student, nb in zip(students, notebooks, strict=True)]
     finally:
         if not keep:
             shutil.rmtree(root, ignore_errors=True)
 
 
-def _generated_gradebook(assignment, root, env):
+def _recorded(book, assignment, failed):
+    from dpgrader.judge.record import StepFailed
+
+    try:
+        return book.autograde(assignment, exclude=failed)
+    except StepFailed as exc:
+        return str(exc)
+
+
+def _generated_gradebook(assignment, root, book):
     """Put the assignment's gradebook (what generate_assignment records) at root/gradebook.db.
 
-    generate_assignment takes as long as grading a notebook, and its result depends only on the
-    instructor's notebooks and the nbgrader configuration: it is kept in a cache keyed by their
-    contents (and the nbgrader version), so it runs once per change. The cache is outside every
-    sandbox; a stale entry cannot be used, because any change to its inputs changes the key.
+    generate_assignment's result depends only on the instructor's notebooks and the nbgrader
+    configuration: it is kept in a cache keyed by their contents (and the nbgrader version), so it
+    runs once per change. The cache is outside every sandbox; a stale entry cannot be used,
+    because any change to its inputs changes the key.
     """
+    from dpgrader.judge.record import StepFailed
+
     cached = _gradebook_cache() / f"{assignment}-{_sources_key(assignment)}.db"
     if cached.exists():
         shutil.copy(cached, root / "gradebook.db")
         return ""
-    log = _nbgrader(["generate_assignment", assignment, "--force"], env)
+    try:
+        log = book.generate(assignment)
+    except StepFailed as exc:
+        return str(exc)
     if (root / "gradebook.db").exists():
         cached.parent.mkdir(parents=True, exist_ok=True)
         partial = cached.with_suffix(f".{os.getpid()}.tmp")
@@ -146,13 +187,7 @@ def _source_name(assignment, notebook):
     return Path(notebook).name if Path(notebook).name in names else names[0]
 
 
-def _nbgrader(args, env):
-    proc = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=AUTOGRADER, env=env,
-                          capture_output=True, text=True, timeout=3600)
-    return proc.stdout + proc.stderr
-
-
-def _collect(root, assignment, student, notebook, log):
+def _collect(root, assignment, student, notebook, log, failure=None):
     """One notebook's result, with every graded cell the assignment has, from the gradebook.
 
     The maximum is the assignment's (a test cell the learner deleted or emptied still counts,
@@ -160,6 +195,7 @@ def _collect(root, assignment, student, notebook, log):
     Written answers are reported as graded by hand (points None) whatever the gradebook holds:
     only the instructor gives those points.
     """
+    import nbformat  # loaded with nbgrader by now
     from nbgrader.api import Gradebook, MissingEntry
 
     name = _source_name(assignment, notebook)
@@ -172,8 +208,8 @@ def _collect(root, assignment, student, notebook, log):
         except MissingEntry:
             submission = None
         result["max_score"] = _max_score(gb, assignment, name)
-        if submission is None or not graded_path.exists():
-            result["error"] = "nbgrader could not autograde this notebook:\n" + _log_errors(log)
+        if failure or submission is None or not graded_path.exists():
+            result["error"] = failure or "nbgrader could not autograde this notebook:\n" + _log_errors(log)
             return result
         grades = {g.name: g for g in submission.grades}
         graded = {c.metadata.get("nbgrader", {}).get("grade_id"): c

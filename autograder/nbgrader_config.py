@@ -21,7 +21,7 @@ from nbgrader.preprocessors import (
 )
 
 from dpgrader.judge.kernel import KERNEL_NAME, kernelspec
-from dpgrader.judge.steps import JudgedExecute, ReplayOutputs
+from dpgrader.judge.steps import JudgedExecute
 
 here = os.path.dirname(os.path.abspath(__file__))
 # the course's one table of timeouts, read without importing dpcourse (whose package imports torch:
@@ -68,13 +68,14 @@ c.GenerateFeedback.preprocessors = [
 # its verdict becomes the cell's output that nbgrader scores (dpgrader/judge/steps.py).
 # DPCOURSE_SANDBOX=0 (grade.py --no-sandbox) runs the same pipeline without the sandbox.
 SANDBOXED = os.environ.get("DPCOURSE_SANDBOX", "1") != "0"
-# autograde.py's record phase replays the outputs its judge phase computed (DPCOURSE_REPLAY_DIR).
-REPLAY = os.environ.get("DPCOURSE_REPLAY_DIR")
-c.ReplayOutputs.replay_dir = REPLAY or ""
+# grade.py and autograde.py judge first, then record with nbgrader: the verdicts are read from
+# DPCOURSE_VERDICTS_DIR (no learner code runs while recording). `nbgrader autograde` run by hand or
+# from the formgrader judges each notebook itself.
 c.Autograde.autograde_preprocessors = [
-    ReplayOutputs if REPLAY else JudgedExecute, IgnorePattern, ClearMetadataPreprocessor, LimitOutput,
+    JudgedExecute, IgnorePattern, ClearMetadataPreprocessor, LimitOutput,
     SaveAutoGrades, AssignLatePenalties, CheckCellMetadata,
 ]
+c.JudgedExecute.verdicts_dir = os.environ.get("DPCOURSE_VERDICTS_DIR", "")
 c.JudgedExecute.source_root = os.path.join(c.CourseDirectory.root, "solutions")
 c.JudgedExecute.sandbox = SANDBOXED
 # The judge gives every grade. Running the submission's own (non-test, non-demo) cells in the

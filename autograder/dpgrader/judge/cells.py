@@ -22,7 +22,6 @@ import contextlib
 import io
 import json
 import os
-import pkgutil
 import shutil
 import sys
 import tempfile
@@ -40,6 +39,7 @@ from dpgrader.judge.learner import (
     nbgrader_meta,
     program_cells,
     read_notebook,
+    restore_locked,
     solution_names,
 )
 from dpgrader.judge.ranks import GraderFailure, RankPool
@@ -49,12 +49,13 @@ PRESTART = 4  # sandboxes started at once, while the judge reads the notebooks (
 
 
 def _pickle_hidden_checks_by_value():
-    """Functions of the hidden checks travel to the ranks by value: the sandboxes cannot import dpgrader."""
-    import importlib
+    """Functions of the hidden checks travel to the ranks by value: the sandboxes cannot import dpgrader.
 
-    for module in pkgutil.walk_packages(dpgrader.__path__, "dpgrader."):
-        if ".judge" not in module.name:
-            cloudpickle.register_pickle_by_value(importlib.import_module(module.name))
+    Registering the package covers every submodule, imported now or later (cloudpickle looks up a
+    module's parents), so no module is imported for it: walking them all imported nbgrader's
+    server extensions through dpgrader.feedback, several seconds per judged notebook.
+    """
+    cloudpickle.register_pickle_by_value(dpgrader)
 
 
 def shared_scratch():
@@ -86,6 +87,7 @@ def judge(source, submission, sandboxed=True, only=None, pool=None):
     program travels with each launch, and every rank is forked fresh, so nothing carries over.
     """
     own_pool = pool is None
+    submission = restore_locked(submission, source)
     if own_pool:
         pool = RankPool(sandboxed=sandboxed, prestart=PRESTART, scratch=shared_scratch())
     pool.set_program(program_cells(submission))
@@ -182,26 +184,42 @@ def main(argv=None):
             with open(args.spec) as f:
                 jobs += json.load(f)
         pool = RankPool(sandboxed=not args.no_sandbox, prestart=PRESTART, scratch=shared_scratch())
+        verdicts = {}
         try:
-            verdicts = {
-                job["submission"]: judge(
+            for job in jobs:
+                verdicts[job["submission"]] = judge(
                     source,
                     read_notebook(job["submission"]),
                     pool=pool,
                     only=None if job["only"] is None else set(job["only"]),
                 )
-                for job in jobs
-            }
+                _empty(pool.scratch)  # nothing one submission's ranks left there reaches the next
+                if args.out:  # what is done survives a later submission that stops the judge
+                    _write(args.out, verdicts)
         finally:
             pool.close()
             shutil.rmtree(pool.scratch, ignore_errors=True)
-    text = json.dumps(verdicts)
     if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
+        _write(args.out, verdicts)
     else:
-        sys.stdout.write(text)
+        sys.stdout.write(json.dumps(verdicts))
     return 0
+
+
+def _write(path, verdicts):
+    partial = f"{path}.partial"
+    with open(partial, "w") as f:
+        json.dump(verdicts, f)
+    os.replace(partial, path)
+
+
+def _empty(folder):
+    for entry in os.scandir(folder):
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
 
 
 if __name__ == "__main__":

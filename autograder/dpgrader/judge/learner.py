@@ -50,6 +50,19 @@ def read_notebook(path):
     return SimpleNamespace(cells=cells)
 
 
+def restore_locked(submission, source):
+    """The submission with its read-only cells as the instructor wrote them (matched by grade id),
+    as nbgrader's autograde restores them before running a notebook: an edited setup cell does not
+    change what the learner's program is."""
+    locked = {nbgrader_meta(cell).get("grade_id"): cell for cell in source.cells
+              if nbgrader_meta(cell).get("locked") and not nbgrader_meta(cell).get("solution")}
+    cells = []
+    for cell in submission.cells:
+        original = locked.get(nbgrader_meta(cell).get("grade_id"))
+        cells.append(cell if original is None or original.cell_type != cell.cell_type else original)
+    return SimpleNamespace(cells=cells)
+
+
 def program_cells(submission):
     """The learner's program: every code cell but graded tests and demos, in notebook order."""
     return [cell.source for cell in submission.cells
