@@ -3,12 +3,13 @@
     python autograder/autograde.py                # what `make autograde` runs (JOBS=2 by default)
     python autograder/autograde.py --jobs 4 --no-sandbox
 
-Two phases, so that one bad submission never stops the others and the class grades in parallel:
-  1. judge: the submissions (submitted/<student>/<assignment>/<notebook>.ipynb) are judged in
-     batches of one assignment, JOBS batches at a time, each batch by one judge process
-     (dpgrader.judge: learner code only in sandboxed ranks). A submission that cannot be read,
-     breaks the judge or runs past its time limit is judged again alone and, if it fails again,
-     listed with the reason; the others go on.
+Two phases, so that one bad submission never stops the others and the class grades in parallel
+(they overlap: an assignment is recorded as soon as its last submission is judged):
+  1. judge: the submissions (submitted/<student>/<assignment>/<notebook>.ipynb) are judged by
+     JOBS judge workers (dpgrader.judge: learner code only in sandboxed ranks), each taking the
+     next submission as it finishes one. A submission that cannot be read, breaks its judge or
+     runs past its time limit is listed with the reason; its worker starts a fresh judge and the
+     others go on.
   2. record: nbgrader, in this process, for each assignment: generate_assignment into the class
      gradebook, autograde (each test cell's output is its verdict from phase 1: no learner code
      runs again), feedback (hidden tests cleared); then grades.csv. Submissions that failed
@@ -19,11 +20,13 @@ override them). Exit status: 0 when every submission was graded, 1 when some wer
 """
 
 import argparse
-import concurrent.futures
+import collections
 import json
 import os
+import queue
 import shutil
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -33,7 +36,6 @@ sys.path.insert(0, str(HERE))  # dpgrader, and grade.py's notebook check
 from grade import GradingError, read_notebook  # noqa: E402
 
 PER_SUBMISSION_TIMEOUT = 900  # seconds the judge may spend on one submission
-BATCH = 8  # submissions of one assignment judged by one judge process (its sandboxes start once)
 
 
 def course_root():
@@ -50,30 +52,22 @@ def submissions(root):
     return found
 
 
-def judge_batch(batch, assignment, root, verdicts_dir, sandboxed):
-    """Phase 1 for several submissions of one assignment, in one judge process (its sandboxes
-    started once): {student: {} or {"error": why}}; the verdicts are left in verdicts_dir."""
-    from dpgrader.judge.process import judge_notebooks, verdicts_path
+def judge_one(worker, student, assignment, notebook, root, verdicts_dir):
+    """Phase 1 for one submission, by a judge worker: {} or {"error": why}; the verdicts are left
+    in verdicts_dir for phase 2."""
+    from dpgrader.judge.process import verdicts_path
 
-    out, readable = {}, []
-    for student, notebook in batch:
-        try:
-            read_notebook(notebook)
-            readable.append((student, notebook))
-        except GradingError as exc:
-            out[student] = {"error": str(exc)}
-    source = source_notebook(root, assignment)
-    judged = judge_notebooks(source, [nb for _, nb in readable], sandboxed, timeout=PER_SUBMISSION_TIMEOUT)
-    for student, notebook in readable:
-        verdicts = judged[str(notebook)]
-        if "error" in verdicts:
-            out[student] = {"error": verdicts["error"]}
-            continue
-        target = verdicts_path(verdicts_dir, student, assignment, notebook.stem)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(json.dumps(verdicts))
-        out[student] = {}
-    return out
+    try:
+        read_notebook(notebook)
+    except GradingError as exc:
+        return {"error": str(exc)}
+    verdicts = worker.judge(source_notebook(root, assignment), notebook, timeout=PER_SUBMISSION_TIMEOUT)
+    if "error" in verdicts:
+        return {"error": verdicts["error"]}
+    target = verdicts_path(verdicts_dir, student, assignment, notebook.stem)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(verdicts))
+    return {}
 
 
 def source_notebook(root, assignment):
@@ -81,72 +75,101 @@ def source_notebook(root, assignment):
     return next((root / "solutions" / assignment).glob("*.ipynb"))
 
 
-def batches(subs, jobs, size=BATCH):
-    """[(assignment, [(student, notebook), ...])]: each assignment's submissions cut into batches of at
-    most `size`, and into at least `jobs` batches where there are enough, so the workers share them."""
-    by_assignment = {}
-    for student, assignment, notebook in subs:
-        by_assignment.setdefault(assignment, []).append((student, notebook))
-    out = []
-    for assignment, items in by_assignment.items():
-        count = max(1, min(len(items), max(jobs, -(-len(items) // size))))
-        for k in range(count):
-            chunk = items[k::count]
-            if chunk:
-                out.append((assignment, chunk))
-    return out
-
-
-def progress(done, total, current, start):
+def progress(judged, recorded, subs, assignments, current, start):
     width = 30
-    filled = int(width * done / max(total, 1))
+    filled = int(width * judged / max(subs, 1))
     line = (
-        f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total}  {time.monotonic() - start:6.0f} s  "
-        f"{current:<40.40}"
+        f"\r[{'#' * filled}{'.' * (width - filled)}] judged {judged}/{subs}, recorded {recorded}/"
+        f"{assignments} assignments  {time.monotonic() - start:6.0f} s  {current:<36.36}"
     )
     print(line, end="", flush=True)
 
 
-def judge_class(subs, root, verdicts_dir, jobs, sandboxed):
-    """Phase 1 for every submission, `jobs` batches at a time; returns {(student, assignment): result}."""
-    results, start = {}, time.monotonic()
-    progress(0, len(subs), "", start)
-    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = {
-            pool.submit(judge_batch, batch, assignment, root, verdicts_dir, sandboxed): (assignment, batch)
-            for assignment, batch in batches(subs, jobs)
-        }
-        for future in concurrent.futures.as_completed(futures):
-            assignment, batch = futures[future]
+class ClassRun:
+    """Both phases at once: `jobs` judge workers take submissions from one queue, in assignment
+    order, each starting the next as it finishes one (its sandboxes start once); the calling thread
+    records each assignment in the gradebook as soon as its last submission is judged."""
+
+    def __init__(self, subs, root, verdicts_dir, jobs, sandboxed):
+        self.subs, self.root, self.verdicts_dir, self.sandboxed = subs, root, verdicts_dir, sandboxed
+        self.waiting = sorted(subs, key=lambda s: (s[1], s[0]), reverse=True)  # pop() takes the first
+        self.left = collections.Counter(assignment for _, assignment, _ in subs)
+        self.results, self.problems, self.recorded = {}, [], 0
+        self.lock, self.judged = threading.Lock(), queue.Queue()  # assignments whose judging is over
+        self.start = time.monotonic()
+        self.threads = [threading.Thread(target=self._work, daemon=True) for _ in range(max(1, jobs))]
+
+    def run(self):
+        """{(student, assignment): {} or {"error": why}} and the recording problems."""
+        from dpgrader.judge.record import Recorder
+
+        self._progress("")
+        for thread in self.threads:
+            thread.start()
+        book = Recorder(self.root, os.environ.get("DPCOURSE_DB_URL"), self.verdicts_dir, self.sandboxed)
+        for _ in range(len(self.left)):
+            assignment = self._next_judged()
+            if assignment is None:
+                break
+            self._record(book, assignment)
+        for thread in self.threads:
+            thread.join()
+        book.export(self.root / "autograder" / "grades.csv")
+        self._progress("done")
+        print()
+        return self.results, self.problems
+
+    def _next_judged(self):
+        """The next assignment whose submissions are all judged; None if every worker stopped first
+        (a grader bug: what was not judged is listed as such)."""
+        while True:
             try:
-                done = future.result()
-            except Exception as exc:  # noqa: BLE001 - a grader bug on one batch: listed, not fatal
-                done = {student: {"error": f"{type(exc).__name__}: {exc}"} for student, _ in batch}
-            for student, result in done.items():
-                results[(student, assignment)] = result
-            progress(len(results), len(subs), f"{batch[-1][0]}/{assignment}", start)
-    print()
-    return results
+                return self.judged.get(timeout=1.0)
+            except queue.Empty:
+                if not any(thread.is_alive() for thread in self.threads) and self.judged.empty():
+                    with self.lock:
+                        for student, assignment, _ in self.subs:
+                            self.results.setdefault((student, assignment),
+                                                    {"error": "not judged: the grader's workers stopped"})
+                    return None
 
+    def _work(self):
+        from dpgrader.judge.process import JudgeWorker
 
-def record_class(root, assignments, failed, verdicts_dir, sandboxed):
-    """Phase 2: the class gradebook, feedback and grades.csv, from phase 1's verdicts (one process)."""
-    from dpgrader.judge.record import Recorder, StepFailed
+        with JudgeWorker(self.sandboxed) as worker:
+            while True:
+                with self.lock:
+                    if not self.waiting:
+                        return
+                    student, assignment, notebook = self.waiting.pop()
+                try:
+                    result = judge_one(worker, student, assignment, notebook, self.root, self.verdicts_dir)
+                except Exception as exc:  # noqa: BLE001 - a grader bug on one submission: listed, not fatal
+                    result = {"error": f"{type(exc).__name__}: {exc}"}
+                with self.lock:
+                    self.results[(student, assignment)] = result
+                    self.left[assignment] -= 1
+                    if not self.left[assignment]:
+                        self.judged.put(assignment)
+                    self._progress(f"{student}/{assignment}")
 
-    book = Recorder(root, os.environ.get("DPCOURSE_DB_URL"), verdicts_dir, sandboxed)
-    problems, start = [], time.monotonic()
-    for done, assignment in enumerate(assignments):
-        progress(done, len(assignments), f"recording {assignment}", start)
-        excluded = sorted(s for s, a in failed if a == assignment)
+    def _record(self, book, assignment):
+        """Phase 2 for one assignment: into the gradebook, then feedback (failed submissions left out)."""
+        from dpgrader.judge.record import StepFailed
+
+        with self.lock:
+            excluded = sorted(s for (s, a), r in self.results.items() if a == assignment and r.get("error"))
         for step in (book.generate, book.autograde, book.feedback):
             try:
                 step(assignment) if step == book.generate else step(assignment, exclude=excluded)
             except StepFailed as exc:
-                problems.append(str(exc))
-    book.export(root / "autograder" / "grades.csv")
-    progress(len(assignments), len(assignments), "recorded", start)
-    print()
-    return problems
+                self.problems.append(str(exc))
+        with self.lock:
+            self.recorded += 1
+            self._progress(f"recorded {assignment}")
+
+    def _progress(self, current):
+        progress(len(self.results), self.recorded, len(self.subs), len(self.left), current, self.start)
 
 
 def main(argv=None):
@@ -182,9 +205,8 @@ def main(argv=None):
     verdicts_dir = root / "autograder" / ".judged"
     shutil.rmtree(verdicts_dir, ignore_errors=True)
     print(f"grading {len(subs)} submission(s), {args.jobs} at a time")
-    results = judge_class(subs, root, verdicts_dir, args.jobs, not args.no_sandbox)
+    results, problems = ClassRun(subs, root, verdicts_dir, args.jobs, not args.no_sandbox).run()
     failed = {key: r["error"] for key, r in results.items() if r.get("error")}
-    problems = record_class(root, sorted({a for _, a, _ in subs}), failed, verdicts_dir, not args.no_sandbox)
     print(f"grades: {root / 'autograder' / 'grades.csv'}; feedback: {root / 'autograder' / 'feedback'}")
     for assignment in unknown:
         print(f"skipped {assignment}: no such assignment in solutions/")

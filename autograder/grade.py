@@ -94,7 +94,7 @@ def grade(notebooks, assignment=None, keep=None, sandboxed=True):
 
 def _grade_assignment(assignment, notebooks, keep, sandboxed=True):
     """Judge the notebooks (one judge process for all), then record the verdicts with nbgrader."""
-    from dpgrader.judge.process import judge_notebooks, verdicts_path
+    from dpgrader.judge.process import verdicts_path
     from dpgrader.judge.record import Recorder
 
     root = Path(keep or tempfile.mkdtemp(prefix="dpcourse-grade-"))
@@ -108,7 +108,7 @@ def _grade_assignment(assignment, notebooks, keep, sandboxed=True):
             target.mkdir(parents=True, exist_ok=True)
             paths.append(shutil.copy(nb, target / _source_name(assignment, nb)))
         with concurrent.futures.ThreadPoolExecutor(1) as worker:  # nbgrader loads while the judge works
-            judged = worker.submit(judge_notebooks, SOLUTIONS / assignment / name, paths, sandboxed)
+            judged = worker.submit(_judged, SOLUTIONS / assignment / name, paths, sandboxed)
             book = Recorder(root, f"sqlite:///{root / 'gradebook.db'}", root / "autograder" / "verdicts",
                             sandboxed)
             log = _generated_gradebook(assignment, root, book)
@@ -129,6 +129,14 @@ def _grade_assignment(assignment, notebooks, keep, sandboxed=True):
     finally:
         if not keep:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def _judged(source, paths, sandboxed):
+    """{path: verdicts or {"error": why}}: one judge for all the notebooks (sandboxes start once)."""
+    from dpgrader.judge.process import JudgeWorker
+
+    with JudgeWorker(sandboxed) as worker:
+        return {str(path): worker.judge(source, path) for path in paths}
 
 
 def _recorded(book, assignment, failed):

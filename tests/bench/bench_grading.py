@@ -3,12 +3,15 @@
     .venv/bin/python tests/bench/bench_grading.py [--learners 30] [--jobs 2] [--skip-class]
 
 Figures printed (wall clock on this machine, with what else was running noted by the load):
-  * per notebook: `grade.py` on each solution notebook (sandboxed kernel + judge + nbgrader), and
-    the judge alone on the same notebook (what a grade costs without nbgrader's own work);
+  * per notebook: `grade.py` on each solution notebook (the judge, then nbgrader recording its
+    verdicts in a scratch gradebook: what `make grade` costs), and the judge alone on the same
+    notebook (what a grade costs without nbgrader's own work);
   * per learner: `autograde.py` on one learner who submitted every notebook (JOBS=2);
   * per class: `autograde.py` on `--learners` copies of that learner (JOBS=2).
 The targets (the grader-trust issue): <= 10 s median per notebook, <= 90 s per learner. Each is
 reported next to its target as a ratio; nothing is asserted (speed is measured here, never in tests).
+grade.py records in a gradebook that generate_assignment makes once per change of solutions/
+(cached): the bench grades each released notebook first, so the figures are those of a warm cache.
 """
 
 import argparse
@@ -41,13 +44,15 @@ def timed(command, env=None, cwd=None):
 
 
 def per_notebook():
+    released = [REPO / "course" / a / notebook_of(a).name for a in assignments()]
+    timed([sys.executable, str(AUTOGRADER / "grade.py"), *map(str, released), "--json"])  # warm the cache
     rows = []
     for assignment in assignments():
         nb = notebook_of(assignment)
         graded, proc = timed([sys.executable, str(AUTOGRADER / "grade.py"), str(nb), "--json"])
         ok = proc.returncode == 0
         judged, _ = timed(
-            [sys.executable, "-m", "dpgrader.judge.cells", str(nb), str(nb), "--out", os.devnull],
+            [sys.executable, "-m", "dpgrader.judge", str(nb), str(nb), "--out", os.devnull],
             env=dict(os.environ, PYTHONPATH=str(AUTOGRADER)),
             cwd=AUTOGRADER,
         )

@@ -36,7 +36,7 @@ def judged_assignment(assignment, tmp_root, deadline=15):
         [
             sys.executable,
             "-m",
-            "dpgrader.judge.cells",
+            "dpgrader.judge",
             str(source),
             "--spec",
             str(spec_file),

@@ -24,7 +24,7 @@ from conftest import REPO, descendants_of
 from planted import solution_code
 
 pytestmark = pytest.mark.slow
-JUDGE = [sys.executable, "-m", "dpgrader.judge.cells"]
+JUDGE = [sys.executable, "-m", "dpgrader.judge"]
 
 
 def notebook(assignment, base, cells, folder, name):

@@ -82,7 +82,7 @@ def test_a_collective_hidden_from_the_recorder_is_caught_by_the_graders_router(t
     out = tmp_path / "verdicts.json"
     source = next((REPO / "solutions" / "08_tensor_parallelism").glob("*.ipynb"))
     env = dict(os.environ, PYTHONPATH=str(REPO / "autograder"), DPCOURSE_DEADLINE="20")
-    proc = subprocess.run([sys.executable, "-m", "dpgrader.judge.cells", str(source), str(path), "--only",
+    proc = subprocess.run([sys.executable, "-m", "dpgrader.judge", str(source), str(path), "--only",
                            "test_copy_to_tp_basic", "--out", str(out)], capture_output=True, text=True,
                           timeout=600, env=env, cwd=REPO / "autograder")
     assert proc.returncode == 0, proc.stderr[-3000:]

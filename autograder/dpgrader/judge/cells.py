@@ -1,6 +1,7 @@
 """Judge a submission's test cells in a process where the learner's code never runs.
 
-    python -m dpgrader.judge.cells SOURCE.ipynb SUBMISSION.ipynb... [--no-sandbox] [--only ID,ID] [--out F]
+    python -m dpgrader.judge SOURCE.ipynb SUBMISSION.ipynb... [--no-sandbox] [--only ID,ID] [--out F]
+    python -m dpgrader.judge --serve [--no-sandbox]     # jobs on stdin (see `serve`)
 
 writes one JSON object to --out (stdout by default):
 {grade_id: {"passed", "output", "ename", "evalue", "seconds"}}.
@@ -24,7 +25,6 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 import time
 import traceback
 
@@ -43,9 +43,9 @@ from dpgrader.judge.learner import (
     solution_names,
 )
 from dpgrader.judge.ranks import GraderFailure, RankPool
+from dpgrader.judge.zygotes import PRESTART, shared_scratch
 
 OUTPUT_CHARS = 20_000  # of one test cell's output kept for feedback
-PRESTART = 4  # sandboxes started at once, while the judge reads the notebooks (most tests use <= 4 ranks)
 
 
 def _pickle_hidden_checks_by_value():
@@ -56,28 +56,6 @@ def _pickle_hidden_checks_by_value():
     server extensions through dpgrader.feedback, several seconds per judged notebook.
     """
     cloudpickle.register_pickle_by_value(dpgrader)
-
-
-def shared_scratch():
-    """A folder the judge and the ranks both see (outside /tmp, which each rank has to itself).
-
-    Test cells make their temporary folders here (a checkpoint folder rank 0 writes and the
-    test reads back): tempfile in this process points at it, and the folders it makes are
-    writable by the unprivileged users the ranks run as.
-    """
-    base = "/var/tmp" if os.path.isdir("/var/tmp") else None
-    scratch = tempfile.mkdtemp(prefix="dpcourse-judge-", dir=base)
-    os.chmod(scratch, 0o777)
-    tempfile.tempdir = scratch
-    original = tempfile.mkdtemp
-
-    def shared_mkdtemp(*args, **kwargs):
-        path = original(*args, **kwargs)
-        os.chmod(path, 0o777)
-        return path
-
-    tempfile.mkdtemp = shared_mkdtemp
-    return scratch
 
 
 def judge(source, submission, sandboxed=True, only=None, pool=None):
@@ -159,14 +137,36 @@ def _run_test_cell(source, namespace):
     return verdict
 
 
+def serve(sandboxed):
+    """Judge submissions as they are asked for, one JSON line each on stdin
+    ({"source", "submission"}), answering one JSON line each ({"submission", "verdicts"}) on what
+    was stdout; anything else printed goes to stderr. dpgrader.judge.process.JudgeWorker drives it."""
+    replies = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    pool = RankPool(sandboxed=sandboxed, prestart=PRESTART, scratch=shared_scratch())
+    try:
+        for line in sys.stdin:
+            job = json.loads(line)
+            verdicts = judge(read_notebook(job["source"]), read_notebook(job["submission"]), pool=pool)
+            _empty(pool.scratch)  # nothing one submission's ranks left there reaches the next
+            replies.write(json.dumps({"submission": job["submission"], "verdicts": verdicts}) + "\n")
+            replies.flush()
+    finally:
+        pool.close()
+        shutil.rmtree(pool.scratch, ignore_errors=True)
+    return 0
+
+
 def main(argv=None):
+    if argv is None and sys.argv[1:] in (["--serve"], ["--serve", "--no-sandbox"]):
+        return serve(sandboxed="--no-sandbox" not in sys.argv)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("source")
     parser.add_argument("submissions", nargs="*", help="one notebook, or several judged in turn")
     parser.add_argument(
         "--spec",
-        help='a JSON list of {"submission": path, "only": [grade ids] or '
-        "null}: several notebooks, each judged on its own cells",
+        help='a JSON list of {"submission": path, "only": [grade ids] or null, "source": path (optional: '
+        "the instructor's notebook, when not SOURCE)}: several notebooks, each judged on its own cells",
     )
     parser.add_argument("--no-sandbox", action="store_true")
     parser.add_argument("--only", help="comma-separated grade ids")
@@ -187,8 +187,9 @@ def main(argv=None):
         verdicts = {}
         try:
             for job in jobs:
+                own = read_notebook(job["source"]) if job.get("source") else source
                 verdicts[job["submission"]] = judge(
-                    source,
+                    own,
                     read_notebook(job["submission"]),
                     pool=pool,
                     only=None if job["only"] is None else set(job["only"]),

@@ -1,15 +1,18 @@
 """The judge in a process of its own: started, waited for with a deadline, its verdicts read back.
 
-    with Judge(source, [path, ...], sandboxed=True, timeout=900) as judge:
-        judge.verdicts()                    # {path: {grade_id: verdict}}
-    judge_notebooks(source, paths)          # the same, a submission that breaks the judge isolated
+    with Judge(source, nb, sandboxed=True, timeout=900) as judge:   # one notebook (nbformat)
+        judge.verdicts()                                             # {grade_id: verdict}
+    with JudgeWorker(sandboxed=True) as worker:                      # many, one at a time
+        worker.judge(source, path)
 
 No nbgrader here (it takes seconds to import): grade.py starts the judge first and imports
 nbgrader while the judge works.
 """
 
+import contextlib
 import json
 import os
+import selectors
 import signal
 import subprocess
 import sys
@@ -26,7 +29,7 @@ def verdicts_path(folder, student, assignment, notebook):
 
 
 class Verdicts:
-    """Verdicts judged beforehand (judge_notebooks), read back for nbgrader to record."""
+    """Verdicts judged beforehand (JudgeWorker), read back for nbgrader to record."""
 
     def __init__(self, path):
         self.path = path
@@ -40,33 +43,24 @@ class Verdicts:
 class Judge:
     """The judge of one or more notebooks, running in its own process from `with` until `verdicts()`.
 
-    `nb` is a notebook (nbformat) or a list of submission paths; for a list, `verdicts()` returns
-    {path: verdicts}, the judge reusing its sandboxes from one submission to the next.
+    `nb` is a notebook (nbformat): nbgrader's autograde run by hand judges each notebook this way.
     """
 
     def __init__(self, source, nb, sandboxed, timeout):
         self.folder = tempfile.TemporaryDirectory(prefix="dpcourse-judge-")
         folder = Path(self.folder.name)
         self.out = folder / "verdicts.json"
-        if isinstance(nb, list):
-            submissions = [str(path) for path in nb]
-            spec = folder / "submissions.json"
-            spec.write_text(json.dumps([{"submission": path, "only": None} for path in submissions]))
-            what = ["--spec", str(spec)]
-        else:
-            import nbformat
+        import nbformat
 
-            submission = folder / "submission.ipynb"
-            nbformat.write(nb, submission)
-            what = [str(submission)]
-        command = [sys.executable, "-m", "dpgrader.judge.cells", str(source), *what, "--out", str(self.out)]
+        submission = folder / "submission.ipynb"
+        nbformat.write(nb, submission)
+        command = [sys.executable, "-m", "dpgrader.judge", str(source), str(submission), "--out",
+                   str(self.out)]
         if not sandboxed:
             command.append("--no-sandbox")
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(AUTOGRADER),
-                                                                       os.environ.get("PYTHONPATH")])))
         self.log = open(folder / "judge.log", "w+")  # noqa: SIM115 - closed in __exit__
-        self.proc = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=folder,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=_judge_env(),
+                                     cwd=folder, start_new_session=True)
         self.timeout, self.deadline = timeout, time.monotonic() + timeout
 
     def verdicts(self):
@@ -81,13 +75,6 @@ class Judge:
                                + self.log.read()[-3000:])
         return json.loads(self.out.read_text())
 
-    def finished(self):
-        """What a judge of several notebooks wrote before it stopped: {path: verdicts}."""
-        try:
-            return json.loads(self.out.read_text())
-        except (OSError, ValueError):
-            return {}
-
     def __enter__(self):
         return self
 
@@ -99,24 +86,89 @@ class Judge:
         self.folder.cleanup()
 
 
-def judge_notebooks(source, submissions, sandboxed=True, timeout=900):
-    """{path: verdicts, or {"error": why}} for submissions of one assignment, judged together.
+class JudgeWorker:
+    """A judge process that judges submissions one at a time, as they are handed to it.
 
-    One judge process for all of them (its sandboxes started once). If it fails or runs past
-    `timeout` seconds a notebook, what it finished is kept, the submission it was judging is
-    judged again alone and the rest together: a submission that breaks or stalls the grader
-    costs only its own grade.
+    Its sandboxes start once (seconds) and serve every submission after, whatever the assignment;
+    each submission has its own time limit. A judge that fails or runs past the limit is killed,
+    the submission it was judging gets the error (with the end of the judge's log), and the next
+    submission starts a fresh judge: one submission that breaks or stalls the grader costs only
+    its own grade. autograde.py runs JOBS of these; grade.py one.
+
+        with JudgeWorker(sandboxed=True) as worker:
+            worker.judge(source, path, timeout=900)   # {grade_id: verdict} or {"error": why}
     """
-    paths = [str(path) for path in submissions]
-    if not paths:
-        return {}
-    with Judge(source, paths, sandboxed, timeout * len(paths)) as judge:
+
+    def __init__(self, sandboxed=True):
+        self.sandboxed, self.proc = sandboxed, None
+        self.folder = tempfile.TemporaryDirectory(prefix="dpcourse-judge-")
+        self.log = open(Path(self.folder.name) / "judge.log", "w+")  # noqa: SIM115 - closed in close()
+
+    def judge(self, source, submission, timeout=900):
+        if self.proc is None:
+            self._start()
+        start, began = self.log.tell(), time.monotonic()
         try:
-            return judge.verdicts()
-        except RuntimeError as exc:
-            done, failure = judge.finished(), str(exc)
-    if len(paths) == 1:
-        return {paths[0]: {"error": failure}}
-    rest = [path for path in paths if path not in done]
-    culprit = judge_notebooks(source, rest[:1], sandboxed, timeout)
-    return {**done, **culprit, **judge_notebooks(source, rest[1:], sandboxed, timeout)}
+            self.proc.stdin.write(json.dumps({"source": str(source), "submission": str(submission)}) + "\n")
+            self.proc.stdin.flush()
+            reply = self._reply(timeout)
+        except OSError:
+            reply = None
+        if reply is not None and reply.get("submission") == str(submission):
+            return reply["verdicts"]
+        try:  # the judge ended (its output closed), or it is still at work past the time limit
+            code = self.proc.wait(max(0.0, min(5.0, began + timeout - time.monotonic())))
+            why = f"exit status {code}"
+        except subprocess.TimeoutExpired:
+            why = f"stopped after {timeout:g} s"
+        self._stop()
+        self.log.seek(start)
+        tail = self.log.read()[-3000:]
+        self.log.seek(0, os.SEEK_END)
+        return {"error": f"the grader could not judge this notebook ({why}):\n{tail}"}
+
+    def _start(self):
+        command = [sys.executable, "-m", "dpgrader.judge", "--serve"]
+        if not self.sandboxed:
+            command.append("--no-sandbox")
+        self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self.log, env=_judge_env(), cwd=self.folder.name, text=True,
+                                     start_new_session=True)
+
+    def _reply(self, timeout):
+        """The judge's next line, or None when it ends or `timeout` seconds pass first."""
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.proc.stdout, selectors.EVENT_READ)
+            if not selector.select(timeout):
+                return None
+        line = self.proc.stdout.readline()
+        try:
+            return json.loads(line) if line else None
+        except ValueError:
+            return None
+
+    def _stop(self):
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            for pipe in (self.proc.stdin, self.proc.stdout):
+                with contextlib.suppress(OSError):
+                    pipe.close()
+            self.proc = None
+
+    def close(self):
+        self._stop()
+        self.log.close()
+        self.folder.cleanup()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _judge_env():
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(AUTOGRADER),
+                                                                   os.environ.get("PYTHONPATH")])))

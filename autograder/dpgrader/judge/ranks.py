@@ -16,13 +16,11 @@ zygote, and the report a rank writes is decoded as a wire frame, never unpickled
 import collections
 import contextlib
 import io
-import json
 import os
 import pickle
 import signal
 import socket
 import struct
-import sys
 import threading
 import time
 
@@ -31,8 +29,9 @@ import torch
 
 from dpcourse.runtime import launcher, wire
 from dpcourse.runtime.zygote import rebuild_parameter
-from dpgrader.judge import sandbox
+from dpgrader.judge import sandbox, zygotes
 from dpgrader.judge.router import Router
+from dpgrader.judge.zygotes import GraderFailure, Zygote  # noqa: F401 - GraderFailure: cells.py's
 
 OUTPUT_LIMIT = 64 * 1024  # bytes of output relayed per rank and launch; the rest is dropped
 
@@ -59,113 +58,6 @@ def dumps(obj):
     buffer = io.BytesIO()
     GradientKeepingPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
     return buffer.getvalue()
-
-
-class GraderFailure(Exception):
-    """The grader itself failed (a sandbox did not start): no verdict may be given, grading stops.
-    Not an Exception a test cell catches as a learner's failure: the judge re-raises it."""
-
-
-class Zygote:
-    """One sandbox with a warm interpreter that forks the rank of each launch."""
-
-    def __init__(self, sandboxed, shared=False, scratch=None):
-        self.control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        command = [os.path.abspath(sys.executable), "-m", "dpcourse.runtime.zygote", str(theirs.fileno())]
-        if sandboxed:
-            command.append("--sandboxed")
-        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-        for key in ("DPCOURSE_COURSE_ROOT", "DPCOURSE_DB_URL", "NBGRADER_EXECUTION", "JPY_SESSION_NAME"):
-            env.pop(key, None)
-        if sandboxed:
-            binds = [(scratch, True)] if scratch else []
-            self.proc, self.cgroup = sandbox.start(command, pass_fds=[theirs.fileno()], env=env, binds=binds,
-                                                   keep_capabilities=shared, stdin=subprocess_devnull())
-        else:
-            import subprocess
-
-            self.proc = subprocess.Popen(command, pass_fds=[theirs.fileno()], env=env,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
-            self.cgroup = None
-        theirs.close()
-        self.exits, self.ready = {}, False
-
-    def wait_ready(self, timeout=120.0):
-        self.control.settimeout(timeout)
-        try:
-            packet = self.control.recv(4096)
-        except TimeoutError:
-            packet = b""
-        finally:
-            self.control.settimeout(None)
-        if not packet:
-            raise GraderFailure(f"the grading sandbox did not start (exit status {self.proc.poll()})")
-        self.ready = True
-
-    def run(self, spec, fds, payload):
-        message = json.dumps(dict(spec, cmd="run", size=len(payload))).encode()
-        socket.send_fds(self.control, [message], fds)
-        for start in range(0, len(payload), 64 * 1024):
-            self.control.send(payload[start:start + 64 * 1024])
-        return self._read_until(lambda m: "started" in m)["started"]
-
-    def _read_until(self, wanted, timeout=30.0):
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            self.control.settimeout(max(0.01, end - time.monotonic()))
-            try:
-                packet = self.control.recv(4096)
-            except TimeoutError:
-                break
-            finally:
-                self.control.settimeout(None)
-            if not packet:
-                break
-            message = json.loads(packet)
-            if "exited" in message:
-                self.exits[message["exited"]] = message["status"]
-            if wanted(message):
-                return message
-        raise GraderFailure("the grading sandbox stopped answering")
-
-    def pump(self):
-        """Read the zygote's pending messages (exits) without blocking."""
-        self.control.setblocking(False)
-        try:
-            while True:
-                packet = self.control.recv(4096)
-                if not packet:
-                    self.dead = True
-                    return
-                message = json.loads(packet)
-                if "exited" in message:
-                    self.exits[message["exited"]] = message["status"]
-        except BlockingIOError:
-            pass
-        finally:
-            self.control.setblocking(True)
-
-    def send(self, **message):
-        try:
-            self.control.send(json.dumps(message).encode())
-        except OSError:
-            pass
-
-    def close(self):
-        self.control.close()
-        try:
-            self.proc.kill()
-        except ProcessLookupError:
-            pass
-        self.proc.wait()
-        if self.cgroup is not None:
-            self.cgroup.remove()
-
-
-def subprocess_devnull():
-    import subprocess
-
-    return subprocess.DEVNULL
 
 
 class RemoteRank:
@@ -279,7 +171,8 @@ class RankPool:
         self.shared = sandboxed and sandbox.can_isolate_ranks()
         self.last_traffic, self.launches, self.session = None, 0, None
         count = 1 if self.shared else prestart
-        self.zygotes = [Zygote(sandboxed, self.shared, scratch) for _ in range(count)]  # warming up
+        self.zygotes = zygotes.take_early(sandboxed, scratch) or [
+            Zygote(sandboxed, self.shared, scratch) for _ in range(count)]  # warming up
 
     def set_program(self, program):
         """Judge another submission with the same sandboxes (the learner process of calls restarts)."""

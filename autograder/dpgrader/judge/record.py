@@ -15,6 +15,7 @@ code runs while recording, unless DPCOURSE_RUN_KERNEL=1 asks for the kernel's ou
 
 import os
 import sys
+import warnings
 from pathlib import Path
 
 AUTOGRADER = Path(__file__).resolve().parents[2]
@@ -31,8 +32,11 @@ class Recorder:
         os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
         from nbgrader.apps import NbGraderAPI
         from nbgrader.coursedir import CourseDirectory
+        from sqlalchemy.exc import SAWarning
         from traitlets.config.loader import PyFileConfigLoader
 
+        # nbgrader's own session handling warns on every autograde (api.py, "not in session"): noise
+        warnings.filterwarnings("ignore", category=SAWarning, module=r"nbgrader\.")
         config = PyFileConfigLoader("nbgrader_config.py", path=str(AUTOGRADER)).load_config()
         self.config = config
         self.api = NbGraderAPI(coursedir=CourseDirectory(config=config), config=config)
