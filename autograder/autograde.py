@@ -61,7 +61,8 @@ def judge_one(worker, student, assignment, notebook, root, verdicts_dir):
         read_notebook(notebook)
     except GradingError as exc:
         return {"error": str(exc)}
-    verdicts = worker.judge(source_notebook(root, assignment), notebook, timeout=PER_SUBMISSION_TIMEOUT)
+    verdicts = worker.judge(source_notebook(root, assignment), notebook, timeout=PER_SUBMISSION_TIMEOUT,
+                            owner=student)
     if "error" in verdicts:
         return {"error": verdicts["error"]}
     target = verdicts_path(verdicts_dir, student, assignment, notebook.stem)

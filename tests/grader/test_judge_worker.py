@@ -57,3 +57,18 @@ def test_edited_read_only_cells_are_restored_before_the_learner_program_runs():
     ])
     assert program_cells(restore_locked(submission, source)) == ["import torch", "def f(): return 1",
                                                                  "helper = 2"]
+
+
+@pytest.mark.parametrize("shared", ["1", "0"])
+def test_a_judge_serves_one_learner_only_where_ranks_share_a_user_with_their_sandbox(shared, monkeypatch):
+    """As root each rank runs as its own user, cut off from its sandbox's warm interpreter, so one
+    judge may serve the whole class; without root (DPCOURSE_SANDBOX_SHARED=0 gives that layout)
+    a new learner gets a fresh judge."""
+    monkeypatch.setenv("DPCOURSE_SANDBOX_SHARED", shared)
+    with JudgeWorker(sandboxed=True) as worker:
+        pids = []
+        for owner in ("alice", "alice", "bob"):
+            assert set(passed(worker.judge(SOURCE, SOURCE, owner=owner)).values()) == {True}
+            pids.append(worker.proc.pid)
+    assert pids[0] == pids[1]
+    assert (pids[2] == pids[1]) == (shared == "1"), pids

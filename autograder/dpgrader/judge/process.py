@@ -20,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from dpgrader.judge.sandbox import can_isolate_ranks
+
 AUTOGRADER = Path(__file__).resolve().parents[2]
 
 
@@ -100,11 +102,17 @@ class JudgeWorker:
     """
 
     def __init__(self, sandboxed=True):
-        self.sandboxed, self.proc = sandboxed, None
+        self.sandboxed, self.proc, self.owner = sandboxed, None, None
         self.folder = tempfile.TemporaryDirectory(prefix="dpcourse-judge-")
         self.log = open(Path(self.folder.name) / "judge.log", "w+")  # noqa: SIM115 - closed in close()
 
-    def judge(self, source, submission, timeout=900):
+    def judge(self, source, submission, timeout=900, owner=None):
+        """`owner`: whose submission this is. Where each rank cannot be isolated from its sandbox's
+        warm interpreter (grading without root: ranks run as the same user), a judge serves one
+        owner only, so that nothing one learner's ranks did to it can reach another learner."""
+        if owner != self.owner and self.sandboxed and not can_isolate_ranks():
+            self._stop()
+        self.owner = owner
         if self.proc is None:
             self._start()
         start, began = self.log.tell(), time.monotonic()

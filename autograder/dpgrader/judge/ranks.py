@@ -76,7 +76,7 @@ class RemoteRank:
                 return signal.SIGKILL  # the sandbox is gone, and its ranks with it
             if time.monotonic() >= end:
                 return None
-            time.sleep(0.01)
+            time.sleep(0.002)
 
     def signal(self, sig):
         self.zygote.send(cmd="signal", pid=self.pid, sig=int(sig))

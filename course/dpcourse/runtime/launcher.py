@@ -297,7 +297,8 @@ def supervise(ranks, deadline, group_timeout):
     try:
         end = time.monotonic() + deadline
         while True:
-            _pump(selector, timeout=0.02)
+            # once every pipe closed, only the exits are awaited: look often (a launch costs ms)
+            _pump(selector, timeout=0.02 if selector.get_map() else 0.002)
             _reap(ranks)
             if any(_failed(r) for r in ranks):
                 _pump_for(selector, 0.3)  # let simultaneous failures (timeouts) report too

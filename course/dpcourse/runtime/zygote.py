@@ -22,6 +22,7 @@ out: the grader must not unpickle what learner code wrote).
 """
 
 import ast
+import contextlib
 import faulthandler
 import json
 import os
@@ -286,12 +287,26 @@ def _leftovers(sandboxed):
 
 
 def serve(control, sandboxed):
-    """The zygote's loop: fork ranks on request, report their exits, clean up between launches."""
+    """The zygote's loop: fork ranks on request, report their exits, clean up between launches.
+
+    A rank's exit is reported as soon as it happens (SIGCHLD wakes the loop), not at the next
+    tick: a graded launch waits for every rank's exit, and hidden checks launch dozens of times.
+    """
     selector = selectors.DefaultSelector()
     selector.register(control, selectors.EVENT_READ)
+    wake_r, wake_w = os.pipe()
+    for fd in (wake_r, wake_w):
+        os.set_blocking(fd, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    selector.register(wake_r, selectors.EVENT_READ)
     children = set()
     while True:
-        for _ in selector.select(0.02):
+        for key, _ in selector.select(0.02):
+            if key.fileobj == wake_r:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(wake_r, 4096)
+                continue
             packet, fds, _, _ = socket.recv_fds(control, PACKET, 8)
             if not packet:
                 return
@@ -303,6 +318,10 @@ def serve(control, sandboxed):
                 pid = os.fork()
                 if pid == 0:
                     control.close()
+                    signal.set_wakeup_fd(-1)
+                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                    os.close(wake_r)
+                    os.close(wake_w)
                     _rank_main(message, fds, bytes(payload), os.getppid())
                 for fd in fds:
                     os.close(fd)
@@ -344,6 +363,12 @@ def main():
     import torch._dynamo  # noqa: F401 - optimizers import it; forked ranks inherit it
 
     from dpcourse.runtime import routed  # noqa: F401
+
+    # Notebooks with plots import pyplot in their first cell, which every rank of every launch runs
+    # again (0.6 s each): imported here once, without a display (ranks draw nothing).
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    with contextlib.suppress(Exception):
+        import matplotlib.pyplot  # noqa: F401
 
     control.send(json.dumps({"ready": os.getpid()}).encode())
     serve(control, sandboxed)
