@@ -12,7 +12,8 @@ Control protocol (a SOCK_SEQPACKET socket to the grader, JSON packets):
             64 KiB: cloudpickle of (learner program, pickled function, args, kwargs);
   zygote -> {"started": pid}, later {"exited": pid, "status": wait status};
   grader -> {"cmd": "signal", "pid", "sig"} and {"cmd": "clean"} (kill every other process of
-            this sandbox's pid namespace: daemons a rank left behind).
+            this sandbox's pid namespace: daemons a rank left behind);
+  grader -> {"cmd": "preload", "modules"}: import those of PRELOADABLE, once, before later forks.
 
 Inside a rank: the learner program (the notebook's code cells: imports, definitions,
 assignments; bare expressions and loops are skipped, they are experiments and demos) runs
@@ -24,6 +25,7 @@ out: the grader must not unpickle what learner code wrote).
 import ast
 import contextlib
 import faulthandler
+import importlib
 import json
 import os
 import selectors
@@ -35,6 +37,9 @@ import time
 import traceback
 
 PACKET = 64 * 1024
+# What the grader may ask a zygote to import before forking ranks (a notebook with plots imports
+# pyplot in its first cell, which every rank of every launch runs again: 0.6 s each, or once here).
+PRELOADABLE = {"matplotlib.pyplot"}
 _namespace = None  # the learner program's globals, in a graded rank
 _program_errors = []  # what the learner's cells raised while being defined
 
@@ -333,6 +338,10 @@ def serve(control, sandboxed):
                         os.kill(message["pid"], message["sig"])
                     except ProcessLookupError:
                         pass
+            elif message["cmd"] == "preload":
+                for module in set(message["modules"]) & PRELOADABLE:
+                    with contextlib.suppress(Exception):
+                        importlib.import_module(module)
             elif message["cmd"] == "clean":
                 for pid in _leftovers(sandboxed):
                     if pid not in children:
@@ -364,11 +373,7 @@ def main():
 
     from dpcourse.runtime import routed  # noqa: F401
 
-    # Notebooks with plots import pyplot in their first cell, which every rank of every launch runs
-    # again (0.6 s each): imported here once, without a display (ranks draw nothing).
-    os.environ.setdefault("MPLBACKEND", "Agg")
-    with contextlib.suppress(Exception):
-        import matplotlib.pyplot  # noqa: F401
+    os.environ.setdefault("MPLBACKEND", "Agg")  # ranks draw nothing
 
     control.send(json.dumps({"ready": os.getpid()}).encode())
     serve(control, sandboxed)
