@@ -58,7 +58,11 @@ def require():
             "grading runs learner code in a sandbox made with bubblewrap, which is not installed: "
             "run `sudo make sandbox-deps` (or `sudo apt-get install -y bubblewrap`). To grade your "
             "own notebook without it, pass --no-sandbox (the report then says it was not sandboxed).")
-    probe = subprocess.run(argv([sys.executable, "-c", "import torch"]), capture_output=True, text=True,
+    # Python starts in a sandbox and finds torch there (not imported: that takes seconds, and
+    # grading starts only after this check)
+    find_torch = ("import importlib.util, sys; "
+                  "sys.exit(importlib.util.find_spec('torch') is None and 'torch is not visible')")
+    probe = subprocess.run(argv([sys.executable, "-c", find_torch]), capture_output=True, text=True,
                            timeout=120)
     if probe.returncode != 0:
         raise SandboxUnavailable(
