@@ -7,6 +7,7 @@ nbgrader's autograde restores them.
 """
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -28,6 +29,7 @@ def test_a_judge_that_stalls_or_breaks_costs_only_that_submission(tmp_path, no_o
     garbage = tmp_path / "garbage.ipynb"
     garbage.write_text(json.dumps({"cells": "not a list"}))
     with JudgeWorker(sandboxed=True) as worker:
+        scratch = Path(worker.scratch)  # shared by the judge and its ranks
         stalled = worker.judge(SOURCE, SOURCE, timeout=0.5)
         solution = worker.judge(SOURCE, SOURCE)
         broken = worker.judge(SOURCE, garbage)
@@ -38,6 +40,7 @@ def test_a_judge_that_stalls_or_breaks_costs_only_that_submission(tmp_path, no_o
     assert set(passed(solution).values()) == {True} and len(passed(solution)) == 4, solution
     assert set(passed(released).values()) == {False}, released
     assert passed(again) == passed(solution)
+    assert not scratch.exists(), "the judges' scratch folder was left behind"
 
 
 def cell(source, **nbgrader):

@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,6 +22,7 @@ import time
 from pathlib import Path
 
 from dpgrader.judge.sandbox import can_isolate_ranks
+from dpgrader.judge.zygotes import new_scratch_folder
 
 AUTOGRADER = Path(__file__).resolve().parents[2]
 
@@ -50,7 +52,7 @@ class Judge:
 
     def __init__(self, source, nb, sandboxed, timeout):
         self.folder = tempfile.TemporaryDirectory(prefix="dpcourse-judge-")
-        folder = Path(self.folder.name)
+        folder, self.scratch = Path(self.folder.name), new_scratch_folder()
         self.out = folder / "verdicts.json"
         import nbformat
 
@@ -61,8 +63,8 @@ class Judge:
         if not sandboxed:
             command.append("--no-sandbox")
         self.log = open(folder / "judge.log", "w+")  # noqa: SIM115 - closed in __exit__
-        self.proc = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=_judge_env(),
-                                     cwd=folder, start_new_session=True)
+        self.proc = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT,
+                                     env=_judge_env(self.scratch), cwd=folder, start_new_session=True)
         self.timeout, self.deadline = timeout, time.monotonic() + timeout
 
     def verdicts(self):
@@ -86,6 +88,7 @@ class Judge:
             self.proc.wait()
         self.log.close()
         self.folder.cleanup()
+        shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 class JudgeWorker:
@@ -104,6 +107,7 @@ class JudgeWorker:
     def __init__(self, sandboxed=True):
         self.sandboxed, self.proc, self.owner = sandboxed, None, None
         self.folder = tempfile.TemporaryDirectory(prefix="dpcourse-judge-")
+        self.scratch = new_scratch_folder()
         self.log = open(Path(self.folder.name) / "judge.log", "w+")  # noqa: SIM115 - closed in close()
 
     def judge(self, source, submission, timeout=900, owner=None):
@@ -111,7 +115,7 @@ class JudgeWorker:
         warm interpreter (grading without root: ranks run as the same user), a judge serves one
         owner only, so that nothing one learner's ranks did to it can reach another learner."""
         if owner != self.owner and self.sandboxed and not can_isolate_ranks():
-            self._stop()
+            self._stop(grace=10.0)
         self.owner = owner
         if self.proc is None:
             self._start()
@@ -140,8 +144,8 @@ class JudgeWorker:
         if not self.sandboxed:
             command.append("--no-sandbox")
         self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self.log, env=_judge_env(), cwd=self.folder.name, text=True,
-                                     start_new_session=True)
+                                     stderr=self.log, env=_judge_env(self.scratch), cwd=self.folder.name,
+                                     text=True, start_new_session=True)
 
     def _reply(self, timeout):
         """The judge's next line, or None when it ends or `timeout` seconds pass first."""
@@ -155,18 +159,26 @@ class JudgeWorker:
         except ValueError:
             return None
 
-    def _stop(self):
+    def _stop(self, grace=0.0):
+        """End the judge: killed at once (it failed or stalled), or given `grace` seconds to finish
+        on its own once told there is no more work (it then removes what it made)."""
         if self.proc is not None:
+            with contextlib.suppress(OSError):
+                self.proc.stdin.close()
+            try:
+                self.proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                pass
             if self.proc.poll() is None:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
-            for pipe in (self.proc.stdin, self.proc.stdout):
-                with contextlib.suppress(OSError):
-                    pipe.close()
+            with contextlib.suppress(OSError):
+                self.proc.stdout.close()
             self.proc = None
+        shutil.rmtree(self.scratch, ignore_errors=True)  # what a killed judge left; made again if needed
 
     def close(self):
-        self._stop()
+        self._stop(grace=10.0)
         self.log.close()
         self.folder.cleanup()
 
@@ -177,6 +189,6 @@ class JudgeWorker:
         self.close()
 
 
-def _judge_env():
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(AUTOGRADER),
-                                                                   os.environ.get("PYTHONPATH")])))
+def _judge_env(scratch):
+    return dict(os.environ, DPCOURSE_JUDGE_SCRATCH=scratch,
+                PYTHONPATH=os.pathsep.join(filter(None, [str(AUTOGRADER), os.environ.get("PYTHONPATH")])))

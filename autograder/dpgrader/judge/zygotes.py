@@ -7,6 +7,8 @@ the judge, whose RankPool takes the zygotes already warming (`take_early`). Noth
 torch.
 """
 
+import contextlib
+import getpass
 import json
 import os
 import socket
@@ -41,18 +43,32 @@ def take_early(sandboxed, scratch):
     return None
 
 
+def new_scratch_folder():
+    """An empty folder outside /tmp (which each rank has to itself), for a judge's shared scratch."""
+    return tempfile.mkdtemp(prefix="dpcourse-judge-", dir="/var/tmp" if os.path.isdir("/var/tmp") else None)
+
+
 def shared_scratch():
     """A folder the judge and the ranks both see (outside /tmp, which each rank has to itself).
 
     Test cells make their temporary folders here (a checkpoint folder rank 0 writes and the
     test reads back): tempfile in this process points at it, and the folders it makes are
-    writable by the unprivileged users the ranks run as.
+    writable by the unprivileged users the ranks run as. A judge started by process.py is given
+    the folder (DPCOURSE_JUDGE_SCRATCH), so that it is removed even when the judge is killed.
     """
     if _early is not None:
         return _early["scratch"]
-    base = "/var/tmp" if os.path.isdir("/var/tmp") else None
-    scratch = tempfile.mkdtemp(prefix="dpcourse-judge-", dir=base)
+    scratch = os.environ.get("DPCOURSE_JUDGE_SCRATCH")  # made, and removed, by whoever started us
+    if scratch:
+        os.makedirs(scratch, exist_ok=True)
+    else:
+        scratch = new_scratch_folder()
     os.chmod(scratch, 0o777)
+    # torch's compiler keeps its cache under the temporary folder: where it would be without us,
+    # not in the scratch folder (created there, it could outlive the scratch folder's removal)
+    with contextlib.suppress(KeyError, OSError):  # getpass: a user without a name
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(),
+                                                                       f"torchinductor_{getpass.getuser()}"))
     tempfile.tempdir = scratch
     original = tempfile.mkdtemp
 
