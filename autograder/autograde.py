@@ -21,7 +21,6 @@ override them). Exit status: 0 when every submission was graded, 1 when some wer
 
 import argparse
 import collections
-import json
 import os
 import queue
 import shutil
@@ -55,7 +54,7 @@ def submissions(root):
 def judge_one(worker, student, assignment, notebook, root, verdicts_dir):
     """Phase 1 for one submission, by a judge worker: {} or {"error": why}; the verdicts are left
     in verdicts_dir for phase 2."""
-    from dpgrader.judge.process import verdicts_path
+    from dpgrader.judge.process import save_verdicts
 
     try:
         read_notebook(notebook)
@@ -65,9 +64,7 @@ def judge_one(worker, student, assignment, notebook, root, verdicts_dir):
                             owner=student)
     if "error" in verdicts:
         return {"error": verdicts["error"]}
-    target = verdicts_path(verdicts_dir, student, assignment, notebook.stem)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(json.dumps(verdicts))
+    save_verdicts(verdicts_dir, student, assignment, notebook.stem, verdicts)
     return {}
 
 

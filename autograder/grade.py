@@ -94,7 +94,7 @@ def grade(notebooks, assignment=None, keep=None, sandboxed=True):
 
 def _grade_assignment(assignment, notebooks, keep, sandboxed=True):
     """Judge the notebooks (one judge process for all), then record the verdicts with nbgrader."""
-    from dpgrader.judge.process import verdicts_path
+    from dpgrader.judge.process import save_verdicts
     from dpgrader.judge.record import Recorder
 
     root = Path(keep or tempfile.mkdtemp(prefix="dpcourse-grade-"))
@@ -119,9 +119,7 @@ def _grade_assignment(assignment, notebooks, keep, sandboxed=True):
             if "error" in verdict:
                 failed[student] = verdict["error"]
                 continue
-            target = verdicts_path(root / "autograder" / "verdicts", student, assignment, Path(path).stem)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(json.dumps(verdict))
+            save_verdicts(root / "autograder" / "verdicts", student, assignment, Path(path).stem, verdict)
         if len(failed) < len(students):
             log += _recorded(book, assignment, failed)
         return [_collect(root, assignment, student, nb, log, failed.get(student))

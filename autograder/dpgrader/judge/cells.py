@@ -137,6 +137,14 @@ def _run_test_cell(source, namespace):
     return verdict
 
 
+def judge_next(pool, source, submission, only=None):
+    """Judge one more submission with a pool that judged others before: its verdicts, and the
+    shared scratch folder emptied after it (nothing its ranks left there reaches the next)."""
+    verdicts = judge(source, read_notebook(submission), pool=pool, only=None if only is None else set(only))
+    _empty(pool.scratch)
+    return verdicts
+
+
 def serve(sandboxed):
     """Judge submissions as they are asked for, one JSON line each on stdin
     ({"source", "submission"}), answering one JSON line each ({"submission", "verdicts"}) on what
@@ -147,8 +155,7 @@ def serve(sandboxed):
     try:
         for line in sys.stdin:
             job = json.loads(line)
-            verdicts = judge(read_notebook(job["source"]), read_notebook(job["submission"]), pool=pool)
-            _empty(pool.scratch)  # nothing one submission's ranks left there reaches the next
+            verdicts = judge_next(pool, read_notebook(job["source"]), job["submission"])
             replies.write(json.dumps({"submission": job["submission"], "verdicts": verdicts}) + "\n")
             replies.flush()
     finally:
@@ -165,8 +172,8 @@ def main(argv=None):
     parser.add_argument("submissions", nargs="*", help="one notebook, or several judged in turn")
     parser.add_argument(
         "--spec",
-        help='a JSON list of {"submission": path, "only": [grade ids] or null, "source": path (optional: '
-        "the instructor's notebook, when not SOURCE)}: several notebooks, each judged on its own cells",
+        help='a JSON list of {"submission": path, "only": [grade ids] or '
+        "null}: several notebooks, each judged on its own cells",
     )
     parser.add_argument("--no-sandbox", action="store_true")
     parser.add_argument("--only", help="comma-separated grade ids")
@@ -184,34 +191,19 @@ def main(argv=None):
             with open(args.spec) as f:
                 jobs += json.load(f)
         pool = RankPool(sandboxed=not args.no_sandbox, prestart=PRESTART, scratch=shared_scratch())
-        verdicts = {}
         try:
-            for job in jobs:
-                own = read_notebook(job["source"]) if job.get("source") else source
-                verdicts[job["submission"]] = judge(
-                    own,
-                    read_notebook(job["submission"]),
-                    pool=pool,
-                    only=None if job["only"] is None else set(job["only"]),
-                )
-                _empty(pool.scratch)  # nothing one submission's ranks left there reaches the next
-                if args.out:  # what is done survives a later submission that stops the judge
-                    _write(args.out, verdicts)
+            verdicts = {job["submission"]: judge_next(pool, source, job["submission"], job["only"])
+                        for job in jobs}
         finally:
             pool.close()
             shutil.rmtree(pool.scratch, ignore_errors=True)
+    text = json.dumps(verdicts)
     if args.out:
-        _write(args.out, verdicts)
+        with open(args.out, "w") as f:
+            f.write(text)
     else:
-        sys.stdout.write(json.dumps(verdicts))
+        sys.stdout.write(text)
     return 0
-
-
-def _write(path, verdicts):
-    partial = f"{path}.partial"
-    with open(partial, "w") as f:
-        json.dump(verdicts, f)
-    os.replace(partial, path)
 
 
 def _empty(folder):

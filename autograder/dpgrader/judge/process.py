@@ -1,9 +1,9 @@
 """The judge in a process of its own: started, waited for with a deadline, its verdicts read back.
 
-    with Judge(source, nb, sandboxed=True, timeout=900) as judge:   # one notebook (nbformat)
-        judge.verdicts()                                             # {grade_id: verdict}
-    with JudgeWorker(sandboxed=True) as worker:                      # many, one at a time
-        worker.judge(source, path)
+    with JudgeWorker(sandboxed=True) as worker:                      # one submission at a time
+        worker.judge(source, path)                                   # {grade_id: verdict}
+    with Judge(source, nb, sandboxed=True, timeout=900) as judge:   # one notebook, in the background
+        judge.verdicts()
 
 No nbgrader here (it takes seconds to import): grade.py starts the judge first and imports
 nbgrader while the judge works.
@@ -32,6 +32,13 @@ def verdicts_path(folder, student, assignment, notebook):
     return Path(folder) / student / assignment / f"{notebook}.json"
 
 
+def save_verdicts(folder, student, assignment, notebook, verdicts):
+    """Leave one submission's verdicts where JudgedExecute (through Verdicts) reads them back."""
+    target = verdicts_path(folder, student, assignment, notebook)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(verdicts))
+
+
 class Verdicts:
     """Verdicts judged beforehand (JudgeWorker), read back for nbgrader to record."""
 
@@ -45,50 +52,29 @@ class Verdicts:
 
 
 class Judge:
-    """The judge of one or more notebooks, running in its own process from `with` until `verdicts()`.
-
-    `nb` is a notebook (nbformat): nbgrader's autograde run by hand judges each notebook this way.
-    """
+    """One notebook (nbformat) judged in the background, from `with` until `verdicts()`: what
+    JudgedExecute does when nbgrader's autograde is run by hand (the kernel runs meanwhile)."""
 
     def __init__(self, source, nb, sandboxed, timeout):
-        self.folder = tempfile.TemporaryDirectory(prefix="dpcourse-judge-")
-        folder, self.scratch = Path(self.folder.name), new_scratch_folder()
-        self.out = folder / "verdicts.json"
         import nbformat
 
-        submission = folder / "submission.ipynb"
+        self.worker = JudgeWorker(sandboxed)
+        submission = Path(self.worker.folder.name) / "submission.ipynb"
         nbformat.write(nb, submission)
-        command = [sys.executable, "-m", "dpgrader.judge", str(source), str(submission), "--out",
-                   str(self.out)]
-        if not sandboxed:
-            command.append("--no-sandbox")
-        self.log = open(folder / "judge.log", "w+")  # noqa: SIM115 - closed in __exit__
-        self.proc = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT,
-                                     env=_judge_env(self.scratch), cwd=folder, start_new_session=True)
-        self.timeout, self.deadline = timeout, time.monotonic() + timeout
+        self.asked = self.worker.ask(source, submission, timeout)
 
     def verdicts(self):
         """{grade_id: verdict}; raises if the grader itself failed (no verdict is then given)."""
-        try:
-            code = self.proc.wait(max(1.0, self.deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            code = f"none: stopped after {self.timeout:g} s"
-        if code != 0 or not self.out.exists():
-            self.log.seek(0)
-            raise RuntimeError(f"the grader could not judge this notebook (exit status {code}):\n"
-                               + self.log.read()[-3000:])
-        return json.loads(self.out.read_text())
+        verdicts = self.worker.answer(*self.asked)
+        if "error" in verdicts:
+            raise RuntimeError(verdicts["error"])
+        return verdicts
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        self.log.close()
-        self.folder.cleanup()
-        shutil.rmtree(self.scratch, ignore_errors=True)
+        self.worker.close()
 
 
 class JudgeWorker:
@@ -117,24 +103,30 @@ class JudgeWorker:
         if owner != self.owner and self.sandboxed and not can_isolate_ranks():
             self._stop(grace=10.0)
         self.owner = owner
+        return self.answer(*self.ask(source, submission, timeout))
+
+    def ask(self, source, submission, timeout=900):
+        """Hand the judge a submission; `answer` waits for its verdicts."""
         if self.proc is None:
             self._start()
-        start, began = self.log.tell(), time.monotonic()
-        try:
+        asked = (str(submission), self.log.tell(), time.monotonic() + timeout, timeout)
+        with contextlib.suppress(OSError):
             self.proc.stdin.write(json.dumps({"source": str(source), "submission": str(submission)}) + "\n")
             self.proc.stdin.flush()
-            reply = self._reply(timeout)
-        except OSError:
-            reply = None
-        if reply is not None and reply.get("submission") == str(submission):
+        return asked
+
+    def answer(self, submission, log_start, deadline, timeout):
+        """The verdicts on what `ask` handed over, or {"error": why} (the judge is then stopped)."""
+        reply = self._reply(max(0.0, deadline - time.monotonic()))
+        if reply is not None and reply.get("submission") == submission:
             return reply["verdicts"]
         try:  # the judge ended (its output closed), or it is still at work past the time limit
-            code = self.proc.wait(max(0.0, min(5.0, began + timeout - time.monotonic())))
+            code = self.proc.wait(max(0.0, min(5.0, deadline - time.monotonic())))
             why = f"exit status {code}"
         except subprocess.TimeoutExpired:
             why = f"stopped after {timeout:g} s"
         self._stop()
-        self.log.seek(start)
+        self.log.seek(log_start)
         tail = self.log.read()[-3000:]
         self.log.seek(0, os.SEEK_END)
         return {"error": f"the grader could not judge this notebook ({why}):\n{tail}"}
