@@ -23,7 +23,7 @@ COURSE_ROOT = $(or $(DPCOURSE_COURSE_ROOT),$(CURDIR))
 # Jupyter refuses to run as root unless told (containers and CI run as root).
 ROOT_OPT   := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: help install browser-deps sandbox-deps lab formgrader assignments index format grade autograde test lint bench clean
+.PHONY: help install browser-deps sandbox-deps lab formgrader assignments index format grade autograde test test-under-load lint bench clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 14
@@ -84,7 +84,10 @@ lint: install  ## ruff
 
 test: install  ## lint, then every test (launcher, notebooks, grading, lab, browser: needs browser-deps)
 	$(BIN)/ruff check .
-	$(PY) -m pytest -n $(JOBS) --durations=15
+	$(PY) -m pytest -n $(JOBS) --dist loadgroup --durations=15
+
+test-under-load: install  ## make test with two busy loops per core beside it: the suite must hold on a loaded machine
+	$(PY) tests/under_load.py -- $(MAKE) test
 
 bench: install  ## benchmarks (speed is measured here, never in tests)
 	@for b in tests/bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

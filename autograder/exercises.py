@@ -6,13 +6,18 @@
 An exercise is a solution cell (the learner's function) with the graded test
 cells that follow it, up to the next solution cell; a hand-graded answer cell
 is an exercise of its own. Its key is the solution cell's grade id, and everything
-about it is found by that key (docs/authoring.md):
+about it is found by that key, in three places (docs/authoring.md): its notebook in solutions/,
+its chapter's grader package autograder/dpgrader/<chapter>/, and the dpcourse topics it uses:
 
-  tests          the graded test cells that follow it (test_<key>_<what>)
-  hidden_checks  the dpgrader functions its test cells' hidden sections call (check_<key>...)
-  planted_bugs   the Bug("<key>", "<name>", ...) entries of tests/grader/variants/vNN_<assignment>.py
-  reference      what its expected values come from: REFERENCES["<key>"] in its dpgrader module
-  helpers        the dpcourse modules its test cells use
+  tests            the graded test cells that follow it (test_<key>_<what>)
+  grader           autograder/dpgrader/<chapter>/, which holds everything below but the helpers
+  hidden_checks    the functions its test cells' hidden sections call (checks.py: check_<key>...)
+  planted_bugs     the Bug("<key>", "<name>", ...) entries of bugs.py
+  reference        what its expected values come from: REFERENCES["<key>"] in checks.py
+  tuned            the instructor's tuned version the benchmarks race: TUNED["<key>"] in tuned.py
+  expected_grades  what grading gave, recorded (expected_grades.json; tests/grader/record_grades.py)
+  helpers          the dpcourse modules its test cells use (its checks, in dpcourse.topics.<topic>)
+  demos            the dpcourse modules the demo cells after it use (its widgets and pictures)
 
 All of it is read from the files as text (ast), nothing is imported: the index needs no torch.
 """
@@ -29,8 +34,8 @@ import nbformat
 
 REPO = Path(__file__).resolve().parent.parent
 INDEX = REPO / "autograder" / "exercises.json"
-DPGRADER = REPO / "autograder" / "dpgrader"
-VARIANTS = REPO / "tests" / "grader" / "variants"
+AUTOGRADER = REPO / "autograder"
+DPGRADER = AUTOGRADER / "dpgrader"
 DPCOURSE_INIT = REPO / "course" / "dpcourse" / "__init__.py"
 HIDDEN = re.compile(r"### BEGIN HIDDEN TESTS\n(.*?)### END HIDDEN TESTS", re.S)
 README = REPO / "README.md"
@@ -64,27 +69,34 @@ def exercises_of(path):
         if meta.get("solution") and meta.get("grade"):  # hand-graded written answer
             found.append(dict(kind="written", solution=meta["grade_id"], tests=[meta["grade_id"]],
                               points=float(meta.get("points", 0)), function=None, signature=None,
-                              sources=[]))
+                              sources=[], demo_sources=[]))
             current = None
         elif meta.get("solution") and cell.cell_type == "code":
             name, signature = function_signature(cell.source)
             current = dict(kind="code", solution=meta["grade_id"], tests=[], points=0.0,
-                           function=name, signature=signature, sources=[])
+                           function=name, signature=signature, sources=[], demo_sources=[])
             found.append(current)
         elif meta.get("grade") and cell.cell_type == "code" and current is not None:
             current["tests"].append(meta["grade_id"])
             current["points"] += float(meta.get("points", 0))
             current["sources"].append(cell.source)
+        elif "demo" in cell.metadata.get("tags", []) and current is not None:
+            current["demo_sources"].append(cell.source)
     rel = path.relative_to(REPO).as_posix()
     assignment = path.parent.name
-    bugs, refs = planted_bugs(assignment), references()
+    chapter = assignment.split("_", 1)[1]
+    grader = DPGRADER / chapter
+    bugs, refs, tuned = planted_bugs(assignment), references(), tuned_versions(chapter)
     out = []
     for e in found:
-        sources = e.pop("sources")
+        sources, demos = e.pop("sources"), e.pop("demo_sources")
         key = e["solution"]
         out.append(dict(assignment=assignment, notebook=rel, **e,
+                        grader=grader.relative_to(REPO).as_posix() + "/",
                         hidden_checks=hidden_checks(sources), planted_bugs=bugs.get(key, []),
-                        reference=refs.get(key), helpers=helper_modules(sources, imports)))
+                        reference=refs.get(key), tuned=tuned.get(key),
+                        expected_grades=(grader / "expected_grades.json").relative_to(REPO).as_posix(),
+                        helpers=helper_modules(sources, imports), demos=helper_modules(demos, imports)))
     return out
 
 
@@ -126,7 +138,11 @@ def helper_modules(sources, imports):
     """The dpcourse modules whose names these cells use (wherever in the notebook they are imported)."""
     modules = set()
     for source in sources:
-        for node in ast.walk(ast.parse(source)):
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:  # a demo cell with a magic
+            continue
+        for node in ast.walk(tree):
             if isinstance(node, ast.Name) and node.id in imports:
                 modules.add(imports[node.id])
             elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("dpcourse."):
@@ -134,32 +150,46 @@ def helper_modules(sources, imports):
     return sorted(modules)
 
 
+def literal_table(path, name):
+    """The dict literal assigned to `name` at the top of a module (read, not imported), or {}."""
+    if not path.exists():
+        return {}
+    for node in ast.parse(path.read_text()).body:
+        targets = [getattr(t, "id", None) for t in getattr(node, "targets", [])]
+        if isinstance(node, ast.Assign) and name in targets:
+            return ast.literal_eval(node.value)
+    return {}
+
+
 def references():
-    """{exercise key: where its expected values come from}: the REFERENCES dicts of dpgrader's modules."""
+    """{exercise key: where its expected values come from}: the REFERENCES dicts of the chapters' checks."""
     found = {}
-    for path in sorted(DPGRADER.glob("*.py")):
-        for node in ast.parse(path.read_text()).body:
-            targets = [getattr(t, "id", None) for t in getattr(node, "targets", [])]
-            if isinstance(node, ast.Assign) and "REFERENCES" in targets:
-                found.update(ast.literal_eval(node.value))
+    for path in sorted(DPGRADER.glob("*/checks.py")):
+        found.update(literal_table(path, "REFERENCES"))
     return found
 
 
+def tuned_versions(chapter):
+    """{exercise key: 'dpgrader.<chapter>.tuned.<name>'} from the TUNED table of the chapter's tuned.py."""
+    return {key: f"dpgrader.{chapter}.tuned.{name}"
+            for key, name in literal_table(DPGRADER / chapter / "tuned.py", "TUNED").items()}
+
+
 def planted_bugs(assignment):
-    """{exercise key: [bug names]} from the BUGS list of the assignment's variants module.
+    """{exercise key: [bug names]} from the BUGS list of the chapter's bugs.py.
 
     The module is imported (as the grading test does), so bugs built by helper functions count too.
     """
-    path = VARIANTS / f"v{assignment}.py"
+    path = DPGRADER / assignment.split("_", 1)[1] / "bugs.py"
     if not path.exists():
         return {}
-    sys.path.insert(0, str(VARIANTS.parent))
+    sys.path.insert(0, str(AUTOGRADER))
     try:
-        spec = importlib.util.spec_from_file_location(f"variants_{assignment}", path)
+        spec = importlib.util.spec_from_file_location(f"bugs_{assignment}", path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
     finally:
-        sys.path.remove(str(VARIANTS.parent))
+        sys.path.remove(str(AUTOGRADER))
     bugs = {}
     for bug in getattr(module, "BUGS", []):
         for inner in getattr(bug, "bugs", [bug]):

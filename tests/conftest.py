@@ -1,4 +1,4 @@
-"""Shared test helpers: the process table, and paths of the repository."""
+"""Shared test helpers: the process table, paths of the repository, and the markers by exercise."""
 
 import os
 import sys
@@ -7,8 +7,14 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-# The grading helpers (grading.py, judging.py, planted.py, variants/) serve tests in several folders.
+# The grading helpers (grading.py, judging.py) serve tests in several folders.
 sys.path.insert(0, str(REPO / "tests" / "grader"))
+
+
+def pytest_configure(config):
+    from markers import register
+
+    register(config)
 
 
 def children_of(pid):

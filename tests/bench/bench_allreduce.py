@@ -6,7 +6,7 @@ repeat's time is the slowest rank's, and the table shows medians as algbw and bu
 (NCCL-tests: busbw = algbw * 2(N-1)/N), with each function's busbw over gloo's measured in
 the same run. The plot goes to bench-results/bench_allreduce.png (git-ignored).
 
-The reference ring (autograder/dpgrader/tuned/ring.py) is the solution of notebook 04
+The reference ring (autograder/dpgrader/ring_allreduce/tuned.py) is the solution of notebook 04
 tuned for speed: its target is busbw >= 1.0x gloo's at >= 4 MiB. The "textbook ring" is the
 notebook's solution as written, "naive (root)" notebook 03's. Besides the ratio of medians,
 the summary gives the median of per-repeat ratios (each repeat runs the functions back to
@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from dpcourse import launch
 from dpcourse.topics.collectives.costmodel import busbw, format_bytes, plot_bandwidth, time_all_reduces
-from dpgrader.tuned.ring import naive_all_reduce, ring_all_reduce, textbook_ring_all_reduce
+from dpgrader.ring_allreduce.tuned import naive_all_reduce, ring_all_reduce, textbook_ring_all_reduce
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench-results"
 SIZES = [4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]

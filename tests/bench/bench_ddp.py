@@ -6,7 +6,7 @@ per rank). The three run interleaved in one launch (round-robin, order rotated e
 before every step), 4 steps per variant and round; the first round is warm-up. The table shows median
 step times and, as the ratio to torch DDP, the median over rounds of per-round ratios (pairing each
 round with itself cancels the drift of a shared machine; the plain ratio of medians is printed too).
-The target: the reference (autograder/dpgrader/tuned/ddp.py, the solution of notebook 05's
+The target: the reference (autograder/dpgrader/ddp_from_scratch/tuned.py, the solution of notebook 05's
 BucketedDDP) within 1.05x of torch DDP's step time.
 """
 
@@ -20,7 +20,7 @@ from torch.nn.parallel import DistributedDataParallel
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "autograder"))
 
 from dpcourse.topics.ddp.bench import compare_step_times, print_ratios  # noqa: E402
-from dpgrader.tuned.ddp import ReferenceDDP  # noqa: E402
+from dpgrader.ddp_from_scratch.tuned import ReferenceDDP  # noqa: E402
 
 DEPTH, WIDTH, PER_RANK = 8, 1024, 64
 BUCKET_MB = 8

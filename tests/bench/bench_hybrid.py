@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "autograder"))
 
 from dpcourse.topics.hybrid.bench import calibrate, print_predicted_vs_measured, time_layouts  # noqa: E402
-from dpgrader.tuned.hybrid import dp_pp_step, dp_tp_step, plain_dp_pp_step, plain_dp_tp_step  # noqa: E402
+from dpgrader.hybrid_parallelism.tuned import dp_pp_step, dp_tp_step, plain_dp_pp_step, plain_dp_tp_step  # noqa: E402
 
 LAYOUTS = {"DP 4x1 (MLP)": ("dp_tp", (4, 1)), "DPxTP 2x2": ("dp_tp", (2, 2)), "TP 1x4": ("dp_tp", (1, 4)),
            "DP 4x1 (stack)": ("dp_pp", (4, 1)), "DPxPP 2x2": ("dp_pp", (2, 2)), "PP 1x4": ("dp_pp", (1, 4))}

@@ -3,7 +3,7 @@
 Part 1, speed. Same model (an MLP of 8 Linear(512, 512) + Tanh layers, float32: 2.1 M
 parameters), same batch (256 rows in m = 8 micro-batches of 32), cut into p = 2 and p = 4
 equal stages, stage s on rank s (gloo on the CPU, NCCL with one GPU per rank). The reference
-executor (autograder/dpgrader/tuned/pipeline.py) and torch's Schedule1F1B and ScheduleGPipe
+executor (autograder/dpgrader/pipeline_parallelism/tuned.py) and torch's Schedule1F1B and ScheduleGPipe
 (built once per rank) run interleaved in one launch (round-robin, order rotated every round,
 a barrier before and after each step), 3 steps per variant and round, after a warm-up step.
 The ratio to Schedule1F1B is the median over rounds of per-round median ratios (pairing each
@@ -35,8 +35,8 @@ from dpcourse.topics.pipeline.runner import PipelineCase, run_pipeline  # noqa: 
 from dpcourse.topics.pipeline.schedules import bubble_fraction  # noqa: E402
 from dpcourse.topics.pipeline.stages import layer_stack  # noqa: E402
 from dpcourse.topics.pipeline.timeline import measured_bubble, stage_timelines, typical_durations  # noqa: E402
-from dpgrader.pipeline_parallelism import reference_one_f_one_b  # noqa: E402
-from dpgrader.tuned.pipeline import TunedOneFOneB  # noqa: E402
+from dpgrader.pipeline_parallelism.checks import reference_one_f_one_b  # noqa: E402
+from dpgrader.pipeline_parallelism.tuned import TunedOneFOneB  # noqa: E402
 
 WIDTH, LINEARS, ROWS, MICRO = 512, 8, 256, 8
 STEPS, ROUNDS = 3, 12

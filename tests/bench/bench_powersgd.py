@@ -4,8 +4,8 @@ Same model (an MLP of 6 layers 1024 wide, float32: 6.3 M parameters, 25 MB of gr
 samples per rank), rank 4, N = 2 and 4 ranks (gloo on the CPU, NCCL with one GPU per rank), every
 gradient in one DDP bucket (dpcourse.topics.compression.bench explains why: torch's hook can issue the
 ranks' collectives in different orders with several buckets on gloo). Variants: DDP without a hook,
-autograder/dpgrader/tuned/powersgd.py (the exercise's contract), and torch's powerSGD_hook configured
-alike (compressing from step 2, min_compression_rate=1, error feedback, warm start). They run
+autograder/dpgrader/less_communication/tuned.py (the exercise's contract), and torch's powerSGD_hook
+configured alike (compressing from step 2, min_compression_rate=1, error feedback, warm start). They run
 interleaved in one launch (round-robin, the order rotated every round, a barrier before every step), 3
 steps per variant and round; the first round is warm-up. Ratios are the median over rounds of
 per-round ratios of median step times. The target: the tuned hook within 1.1x of torch's step time.
@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "autograder"))
 
 from dpcourse.topics.compression.bench import compare_hooks  # noqa: E402
 from dpcourse.topics.ddp.bench import print_ratios  # noqa: E402
-from dpgrader.tuned.powersgd import TunedPowerSGDState, tuned_powersgd_hook  # noqa: E402
+from dpgrader.less_communication.tuned import TunedPowerSGDState, tuned_powersgd_hook  # noqa: E402
 
 DEPTH, WIDTH, PER_RANK, RANK = 6, 1024, 32, 4
 TARGET = 1.1

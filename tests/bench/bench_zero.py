@@ -2,7 +2,7 @@
 
 Same model (an MLP of 8 layers 1024 wide, float32: 8.4 M parameters, 33.6 MB), same data (64 samples
 per rank), same AdamW, N = 2 and 4 ranks (gloo on the CPU, NCCL with one GPU per rank). Pairs:
-  * ZeRO-1: autograder/dpgrader/tuned/zero.py's TunedShardedOptimizer against
+  * ZeRO-1: autograder/dpgrader/zero_and_fsdp/tuned.py's TunedShardedOptimizer against
     torch.distributed.optim.ZeroRedundancyOptimizer, both after the same gradient all-reduce
     (what DDP would do: one all-reduce per parameter);
   * ZeRO-3: TunedMiniFSDP (one unit per layer) against fully_shard on every layer, then the root.
@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "autograder"))
 from dpcourse.topics.zero.bench import compare_zero_steps  # noqa: E402
 from dpcourse.topics.zero.runs import average_gradients  # noqa: E402
 from dpcourse.topics.zero.torch_apis import shard_children  # noqa: E402
-from dpgrader.tuned.zero import TunedMiniFSDP, TunedShardedOptimizer  # noqa: E402
+from dpgrader.zero_and_fsdp.tuned import TunedMiniFSDP, TunedShardedOptimizer  # noqa: E402
 
 DEPTH, WIDTH, PER_RANK, LR = 8, 1024, 64, 1e-3
 TARGET = 1.1

@@ -1,9 +1,8 @@
 """Grade notebooks in tests: the solution, the released version and planted-bug variants.
 
-A variant is the released notebook with some solution cells replaced by buggy
-code (tests/grader/variants/<assignment>.py holds them). All notebooks of one
-assignment go through one `grade.py` run (one nbgrader autograde, several
-"students"), which is what keeps `make test` within its time budget.
+A variant is the released notebook with some solution cells replaced by buggy code: the planted
+bugs of a chapter live beside its hidden checks, in autograder/dpgrader/<chapter>/bugs.py, and what
+grading gave is recorded there too (expected_grades.json).
 """
 
 import importlib
@@ -12,15 +11,13 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import nbformat
 
 from conftest import REPO
 
 ASSIGNMENTS = sorted(p.name for p in (REPO / "solutions").glob("[0-9]*") if p.is_dir())
-# What grading gave, recorded: per assignment, per graded notebook, per cell (record_grades.py writes it)
-EXPECTED_GRADES = Path(__file__).resolve().parent / "expected_grades.json"
+DPGRADER = REPO / "autograder" / "dpgrader"
 # Parts of a message that change from run to run, and what they are compared as
 VOLATILE = [
     (re.compile(r"\d+(\.\d+)? ms\b"), "<t> ms"),
@@ -35,6 +32,9 @@ VOLATILE = [
 # before the launcher stopped them ("(so did ...)"), and the line of a loop at which a spinning rank
 # was caught.
 LOOSE = [(re.compile(r" \(so did <ranks>\)"), ""), (re.compile(r"(<cell \d+>):\d+"), r"\1:<line>")]
+# Numbers are compared to 6 significant digits: a sum taken in another order (threads, a loaded
+# machine) changes a float's last bits, never what the message says.
+NUMBER = re.compile(r"(?<![\w.])-?\d+\.\d+(?:e[-+]?\d+)?(?![\w.])")
 
 
 def comparable(value):
@@ -42,7 +42,7 @@ def comparable(value):
         return value
     for pattern, replacement in LOOSE:
         value = pattern.sub(replacement, value)
-    return value
+    return NUMBER.sub(lambda m: f"{float(m.group()):.6g}", value)
 
 
 # Cells of planted bugs that are races themselves (threads finishing in any order, a gradient read while
@@ -73,25 +73,42 @@ def released_path(assignment):
     return REPO / "course" / assignment / notebook_name(assignment)
 
 
+def chapter_of(assignment):
+    """The chapter's name, as its grader package is named: 04_ring_allreduce -> ring_allreduce."""
+    return assignment.split("_", 1)[1]
+
+
+def expected_grades_path(assignment):
+    """What grading gave, recorded: per graded notebook, per cell (record_grades.py writes it)."""
+    return DPGRADER / chapter_of(assignment) / "expected_grades.json"
+
+
+def expected_grades(assignment):
+    """The recorded table of an assignment, or None when it has none (test_grading then fails)."""
+    path = expected_grades_path(assignment)
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def exercise_tests(assignment):
+    """{exercise key: its graded test cells} of an assignment's code exercises (autograder/exercises.json)."""
+    index = json.loads((REPO / "autograder" / "exercises.json").read_text())
+    return {e["solution"]: e["tests"] for e in index if e["assignment"] == assignment and e["kind"] == "code"}
+
+
 def variants_of(assignment):
     """The graded variants of an assignment: {name: {"cells": {grade_id: source}, "loses", "keeps"}}.
 
-    A variants module holds either BUGS, a list of planted.Bug (edits of the solution) and
-    planted.Variant (several bugs graded in one notebook), or the older VARIANTS dict of whole cells.
+    The chapter's bugs module (dpgrader.<chapter>.bugs) holds BUGS, a list of planted.Bug (edits of
+    the solution) and planted.Variant (several bugs graded in one notebook).
     """
-    try:
-        module = importlib.import_module(f"variants.v{assignment}")
-    except ModuleNotFoundError:
-        return {}
-    if hasattr(module, "BUGS"):
-        names = [bug.name for bug in module.BUGS]
-        names += [inner.name for bug in module.BUGS for inner in getattr(bug, "bugs", [])]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
-        assert not duplicates, f"planted bugs of {assignment} share names: {duplicates}"
-        return {bug.name: {"cells": bug.cell_sources(assignment), "loses": bug.loses, "keeps": bug.keeps,
-                           "exercise": bug.exercise, "exercises": getattr(bug, "exercises", [bug.exercise])}
-                for bug in module.BUGS}
-    return module.VARIANTS
+    module = importlib.import_module(f"dpgrader.{chapter_of(assignment)}.bugs")
+    names = [bug.name for bug in module.BUGS]
+    names += [inner.name for bug in module.BUGS for inner in getattr(bug, "bugs", [])]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    assert not duplicates, f"planted bugs of {assignment} share names: {duplicates}"
+    return {bug.name: {"cells": bug.cell_sources(assignment), "loses": bug.loses, "keeps": bug.keeps,
+                       "exercise": bug.exercise, "exercises": getattr(bug, "exercises", [bug.exercise])}
+            for bug in module.BUGS}
 
 
 def write_variant(assignment, cells, folder):
@@ -154,33 +171,38 @@ def table_of(graded):
             for name, result in graded.items()}
 
 
-def differences(graded, expected, assignment=None):
+def differences(graded, expected, assignment=None, cells=None):
     """How a grading run differs from the recorded table: a list of sentences (empty if it does not).
 
     Written answers are left out (graded by hand). The judge grades a planted bug only on the
     cells it lists (loses and keeps), so a variant is compared on the cells it was graded on; the
-    solution and the released notebook on all of theirs. UNSTABLE cells are compared on less.
+    solution and the released notebook on all of theirs. `cells`: compare these grade ids only (one
+    exercise's). UNSTABLE cells are compared on less.
     """
     got, problems = table_of(graded), []
-    for name in sorted(set(expected) - set(got)):
-        problems.append(f"{name}: recorded in expected_grades.json but not graded (renamed or removed?)")
+    if cells is None:
+        for name in sorted(set(expected) - set(got)):
+            problems.append(f"{name}: recorded in expected_grades.json but not graded (renamed or removed?)")
     for name in sorted(set(got) - set(expected)):
         problems.append(f"{name}: graded but not recorded in expected_grades.json (record it: "
                         f"tests/grader/record_grades.py)")
     manual = {c["grade_id"] for result in graded.values() for c in result["cells"] if c["manual"]}
+
+    def compared(row):
+        return {k: v for k, v in row.items() if k not in manual and (cells is None or k in cells)}
+
     for name in sorted(set(got) & set(expected)):
-        cells = {k: v for k, v in got[name].items() if k not in manual}
-        want = {k: v for k, v in expected[name].items() if k not in manual}
-        unrecorded = set(cells) - set(want)
-        ungraded = set(want) - set(cells) if name in ("solution", "released") else set()
+        mine, want = compared(got[name]), compared(expected[name])
+        unrecorded = set(mine) - set(want)
+        ungraded = set(want) - set(mine) if name in ("solution", "released") else set()
         if unrecorded or ungraded:
-            problems.append(f"{name}: graded cells {sorted(cells)}, recorded {sorted(want)}")
-        for grade_id in sorted(set(cells) & set(want)):
+            problems.append(f"{name}: graded cells {sorted(mine)}, recorded {sorted(want)}")
+        for grade_id in sorted(set(mine) & set(want)):
             unstable = UNSTABLE.get((assignment, name, grade_id))
             fields = {None: ("points", "max_points", "message"), "message": ("points", "max_points"),
                       "result": ("max_points",)}[unstable]
             for field in fields:
-                if comparable(cells[grade_id][field]) != comparable(want[grade_id][field]):
-                    problems.append(f"{name}, {grade_id}: {field} {cells[grade_id][field]!r}, recorded "
+                if comparable(mine[grade_id][field]) != comparable(want[grade_id][field]):
+                    problems.append(f"{name}, {grade_id}: {field} {mine[grade_id][field]!r}, recorded "
                                     f"{want[grade_id][field]!r}")
     return problems

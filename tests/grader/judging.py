@@ -13,18 +13,27 @@ import subprocess
 import sys
 
 from conftest import REPO
-from grading import notebook_name, released_path, solution_path, variants_of, write_variant
+from grading import exercise_tests, notebook_name, released_path, solution_path, variants_of, write_variant
 
 MESSAGE_LINES = 25  # as autograder/grade.py reports a failure
 
 
-def judged_assignment(assignment, tmp_root, deadline=15):
-    """{"solution": result, "released": result, <bug name>: result}, results as grade.py gives them."""
-    variants = variants_of(assignment)
-    jobs = {"solution": (solution_path(assignment), None), "released": (released_path(assignment), None)}
-    for name, spec in variants.items():
-        path = write_variant(assignment, spec["cells"], tmp_root / assignment / name)
-        jobs[name] = (path, sorted(set(spec["loses"]) | set(spec.get("keeps", []))))
+def judged_assignment(assignment, tmp_root, deadline=15, exercises=None):
+    """{"solution": result, "released": result, <bug name>: result}, results as grade.py gives them.
+
+    exercises: judge only the test cells of these exercise keys (the solution's and the released
+    notebook's, and the planted bugs that list one of them); None: every cell of every notebook.
+    """
+    cells = None
+    if exercises is not None:
+        tests = exercise_tests(assignment)
+        cells = sorted({t for key in exercises for t in tests[key]})
+    jobs = {"solution": (solution_path(assignment), cells), "released": (released_path(assignment), cells)}
+    for name, spec in variants_of(assignment).items():
+        only = sorted(set(spec["loses"]) | set(spec.get("keeps", [])))
+        if cells is None or set(only) & set(cells):
+            path = write_variant(assignment, spec["cells"], tmp_root / assignment / name)
+            jobs[name] = (path, only)
     spec_file = tmp_root / f"{assignment}-jobs.json"
     spec_file.write_text(
         json.dumps([{"submission": str(path), "only": only} for path, only in jobs.values()])

@@ -4,13 +4,13 @@ reference bucketed DDP (used by the benchmark) passes them."""
 import pytest
 
 from dpcourse.toys.models import deep_mlp
-from dpgrader.ddp_from_scratch import (
+from dpgrader.ddp_from_scratch.checks import (
     check_bucketed_ddp,
     expected_buckets,
     expected_fusion,
     explain_sampler_shards,
 )
-from dpgrader.tuned.ddp import ReferenceDDP
+from dpgrader.ddp_from_scratch.tuned import ReferenceDDP
 
 
 def test_bucket_and_fusion_rules_give_the_notebooks_examples():

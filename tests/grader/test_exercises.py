@@ -38,3 +38,26 @@ def test_keys_are_unique_and_snake_case():
     keys = [e["solution"] for e in INDEX]
     assert len(keys) == len(set(keys)), sorted(k for k in keys if keys.count(k) > 1)
     assert all(k == k.lower() and k.isidentifier() for k in keys), keys
+
+
+def test_each_chapter_keeps_its_grader_side_in_one_package():
+    """checks, planted bugs and recorded grades of every chapter in autograder/dpgrader/<chapter>/."""
+    missing = []
+    for assignment in sorted({e["assignment"] for e in INDEX}):
+        home = REPO / "autograder" / "dpgrader" / assignment.split("_", 1)[1]
+        missing += [f"{home.relative_to(REPO)}/{name}" for name in ("checks.py", "bugs.py",
+                                                                     "expected_grades.json")
+                    if not (home / name).exists()]
+    assert not missing, f"missing: {missing} (docs/authoring.md, 'Where things live')"
+
+
+def test_every_tuned_version_named_in_the_index_exists():
+    import importlib
+
+    wrong = []
+    for e in CODE:
+        if e["tuned"]:
+            module, name = e["tuned"].rsplit(".", 1)
+            if not hasattr(importlib.import_module(module), name):
+                wrong.append(f"{e['solution']}: {e['tuned']} does not exist")
+    assert not wrong, "\n".join(wrong)

@@ -1,65 +1,95 @@
-"""Every assignment graded for real: the solution gets full marks, the released notebook and each
-planted bug lose points, with messages that say what is wrong, and every cell of every graded
-notebook scores and reads (first line) as recorded in expected_grades.json."""
+"""Every exercise graded for real: its solution gets full marks, the released notebook none, each of
+its planted bugs loses the cells it should, with a message that says what is wrong, and every cell of
+every graded notebook scores and reads (first line) as recorded in its chapter's expected_grades.json.
 
-import json
+One test per exercise, tagged with the exercise's key (`pytest -m ring_all_reduce`). The judge runs
+once per assignment and session (`judged`): on the cells of the exercises this session selected.
+"""
 
 import pytest
 
-from grading import ASSIGNMENTS, EXPECTED_GRADES, cell, differences, first_line, variants_of
+from grading import (
+    ASSIGNMENTS,
+    cell,
+    differences,
+    exercise_tests,
+    expected_grades,
+    expected_grades_path,
+    first_line,
+    variants_of,
+)
 from judging import judged_assignment
+from markers import exercise_param
 
-EXPECTED = json.loads(EXPECTED_GRADES.read_text())
+EXERCISES = [(assignment, key) for assignment in ASSIGNMENTS for key in exercise_tests(assignment)]
 
 
-@pytest.mark.parametrize("assignment", ASSIGNMENTS)
-def test_solution_full_marks_released_zero_and_planted_bugs_lose_points(assignment, tmp_path):
-    graded = judged_assignment(assignment, tmp_path)
-    problems = []
+@pytest.fixture(scope="session")
+def judged(request, tmp_path_factory):
+    """judged(assignment): the assignment's notebooks judged once per session (per xdist worker), on
+    the test cells of every exercise of it that this session runs."""
+    done = {}
 
-    # written answers are graded by hand: left out here (grade.py marks them "manual")
+    def judged_for(assignment):
+        if assignment not in done:
+            wanted = sorted({item.callspec.params["exercise"] for item in request.session.items
+                             if item.originalname == "test_exercise_graded"
+                             and item.callspec.params["assignment"] == assignment})
+            done[assignment] = judged_assignment(assignment, tmp_path_factory.mktemp(assignment),
+                                                 exercises=wanted)
+        return done[assignment]
+
+    return judged_for
+
+
+@pytest.mark.parametrize("assignment, exercise", [exercise_param(a, key) for a, key in EXERCISES])
+def test_exercise_graded(assignment, exercise, judged):
+    recorded = expected_grades(assignment)
+    assert recorded is not None, (f"{assignment} has no recorded grades ({expected_grades_path(assignment)} "
+                                  f"is missing): record them with tests/grader/record_grades.py {assignment}")
+    graded, tests, problems = judged(assignment), exercise_tests(assignment)[exercise], []
+
     solution = graded["solution"]
-    short = [c for c in solution["cells"] if not c["manual"] and c["points"] != c["max_points"]]
-    if solution.get("error") or short or not solution["cells"]:
+    short = [c for c in solution["cells"] if c["grade_id"] in tests and c["points"] != c["max_points"]]
+    if solution.get("error") or short:
         problems.append(f"solution scored {solution['score']}/{solution['max_score']}: "
                         + "; ".join(f"{c['grade_id']}: {c['message'][:300]}" for c in short)
                         + solution.get("error", ""))
+    for c in graded["released"]["cells"]:
+        if c["grade_id"] in tests and (c["points"] != 0 or "NotImplementedError" not in c["message"]):
+            problems.append(f"released {c['grade_id']} scored {c['points']} or fails without naming "
+                            f"NotImplementedError: {c['message'][:200]}")
 
-    released = graded["released"]
-    auto = [c for c in released["cells"] if not c["manual"]]
-    if not auto or any(c["points"] != 0 for c in auto):
-        problems.append("released notebook passes "
-                        + ", ".join(c["grade_id"] for c in auto if c["points"]))
-    for c in auto:
-        if "NotImplementedError" not in c["message"]:
-            problems.append(f"released {c['grade_id']} fails without naming NotImplementedError: "
-                            f"{c['message'][:200]}")
-
+    bugs = 0
     for name, spec in variants_of(assignment).items():
-        result = graded[name]
+        result = graded.get(name)
         for grade_id, expected_message in spec["loses"].items():
+            if grade_id not in tests:
+                continue
+            bugs += 1
             got = cell(result, grade_id)
             if got["points"] != 0:
-                problems.append(f"variant {name}: {grade_id} scored {got['points']}, expected 0")
+                problems.append(f"planted bug {name}: {grade_id} scored {got['points']}, expected 0")
             elif expected_message not in got["message"]:
-                problems.append(f"variant {name}: {grade_id} message lacks {expected_message!r}: "
+                problems.append(f"planted bug {name}: {grade_id} message lacks {expected_message!r}: "
                                 f"{got['message'][:400]}")
         for grade_id in spec.get("keeps", []):
-            got = cell(result, grade_id)
-            if got["points"] != got["max_points"]:
-                problems.append(f"variant {name}: {grade_id} should still pass: {got['message'][:300]}")
+            if grade_id in tests and (got := cell(result, grade_id))["points"] != got["max_points"]:
+                problems.append(f"planted bug {name}: {grade_id} should still pass: {got['message'][:300]}")
+    if not bugs:
+        problems.append(f"no planted bug loses a test cell of {exercise} ({', '.join(tests)})")
 
     # the same points and the same first lines as recorded (a deliberate change re-records the table)
-    if assignment in EXPECTED:
-        problems += [f"not as recorded: {line}"
-                     for line in differences(graded, EXPECTED[assignment], assignment)]
+    problems += [f"not as recorded: {line}"
+                 for line in differences(graded, recorded, assignment, cells=tests)]
     assert not problems, "\n".join(problems)
 
 
-def test_every_assignment_has_planted_bugs():
-    missing = [a for a in ASSIGNMENTS if len(variants_of(a)) < 3]
-    assert not missing, f"assignments with fewer than 3 planted bugs: {missing}"
-
+def test_every_assignment_has_planted_bugs_and_recorded_grades():
+    few = [a for a in ASSIGNMENTS if len(variants_of(a)) < 3]
+    unrecorded = [a for a in ASSIGNMENTS if expected_grades(a) is None]
+    assert not few, f"assignments with fewer than 3 planted bugs: {few}"
+    assert not unrecorded, f"assignments without expected_grades.json: {unrecorded}"
 
 
 def test_first_lines_are_compared_without_what_changes_from_run_to_run():

@@ -21,7 +21,7 @@ import nbformat
 import pytest
 
 from conftest import REPO, descendants_of
-from planted import solution_code
+from dpgrader.planted import solution_code
 
 pytestmark = pytest.mark.slow
 JUDGE = [sys.executable, "-m", "dpgrader.judge"]
@@ -61,7 +61,7 @@ core.expect_equal = lambda *args, **kwargs: None          # the visible checks
 ranks.expect_per_rank = lambda *args, **kwargs: None
 torch.allclose = lambda *args, **kwargs: True
 try:
-    import dpgrader.orientation as hidden                 # the hidden checks
+    import dpgrader.orientation.checks as hidden                 # the hidden checks
     hidden.check_my_slice = hidden.check_global_mean = lambda *args, **kwargs: None
 except Exception:
     pass
@@ -90,7 +90,7 @@ def my_slice(data):
                 scope = {}
                 exec(source, globals(), scope)
                 return scope["my_slice"](data)
-    import dpgrader.orientation  # the hidden checks, to read the expected values from
+    import dpgrader.orientation.checks  # the hidden checks, to read the expected values from
     raise RuntimeError("nothing found")
 '''
 

@@ -1,7 +1,7 @@
 """Notebook 11's hidden yardsticks are right, and its checks accept a correct implementation that is not
 the notebook's solution.
 
-The simulations in dpgrader.less_communication are the reference of every hidden test, so each is
+The simulations in dpgrader.less_communication.checks are the reference of every hidden test, so each is
 checked here against an independent computation where the method reduces to plain SGD (top-k with
 k = n, PowerSGD with nothing worth compressing, local SGD with H = 1, asynchronous SGD with no delay:
 reference.training replays them), and where it must differ from it. The tuned PowerSGD hook of the
@@ -16,14 +16,14 @@ from dpcourse.reference.gradients import state_of
 from dpcourse.reference.training import train_single_process
 from dpcourse.topics.compression.data import TASK_MODEL, dyadic_gradients, task_data
 from dpcourse.topics.compression.runs import build_model
-from dpgrader.less_communication import (
+from dpgrader.less_communication.checks import (
     check_powersgd_hook,
     simulate_async,
     simulate_local_sgd,
     simulate_powersgd,
     simulate_topk,
 )
-from dpgrader.tuned.powersgd import TunedPowerSGDState, tuned_powersgd_hook
+from dpgrader.less_communication.tuned import TunedPowerSGDState, tuned_powersgd_hook
 
 pytestmark = pytest.mark.usefixtures("no_orphans")
 

@@ -2,7 +2,7 @@
 
 * `reference_one_f_one_b` (the order one_f_one_b is graded against) is the order torch's Schedule1F1B
   really executes, recorded by the runner's hooks on each stage, for every m >= p it accepts;
-* the tuned executor of `make bench` (dpgrader/tuned/pipeline.py) computes the gradients of one
+* the tuned executor of `make bench` (dpgrader/pipeline_parallelism/tuned.py) computes the gradients of one
   process, sends exactly a pipeline's messages and holds at most p - s micro-batches;
 * the hidden checks refuse wrong answers with a message that names them.
 """
@@ -12,12 +12,21 @@ from functools import partial
 import pytest
 import torch
 
-from dpcourse.checks.pipeline import expect_held, expect_order, expect_pipeline_step, expect_pipeline_traffic
+from dpcourse.topics.pipeline.checks import (
+    expect_held,
+    expect_order,
+    expect_pipeline_step,
+    expect_pipeline_traffic,
+)
 from dpcourse.topics.pipeline.compare import torch_schedule_step
 from dpcourse.topics.pipeline.runner import PipelineCase, by_stage, run_pipeline_cases
 from dpcourse.topics.pipeline.stages import layer_stack
-from dpgrader.pipeline_parallelism import check_one_f_one_b, check_partition_layers, reference_one_f_one_b
-from dpgrader.tuned.pipeline import TunedOneFOneB
+from dpgrader.pipeline_parallelism.checks import (
+    check_one_f_one_b,
+    check_partition_layers,
+    reference_one_f_one_b,
+)
+from dpgrader.pipeline_parallelism.tuned import TunedOneFOneB
 
 pytestmark = pytest.mark.usefixtures("no_orphans")
 

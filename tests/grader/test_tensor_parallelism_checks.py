@@ -5,7 +5,8 @@ import pytest
 import torch.distributed as dist
 from torch import nn
 
-from dpgrader.tensor_parallelism import (
+from dpgrader.tensor_parallelism import tuned as tp
+from dpgrader.tensor_parallelism.checks import (
     check_column_parallel_linear,
     check_copy_to_tp,
     check_gather_from_tp,
@@ -14,7 +15,6 @@ from dpgrader.tensor_parallelism import (
     check_tensor_parallel_attention,
     check_tensor_parallel_mlp,
 )
-from dpgrader.tuned import tensor_parallel as tp
 
 
 def test_the_reference_layers_pass_every_hidden_check():

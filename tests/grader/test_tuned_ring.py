@@ -1,4 +1,4 @@
-"""The benchmark's all-reduces (autograder/dpgrader/tuned/ring.py) against gloo's own.
+"""The benchmark's all-reduces (autograder/dpgrader/ring_allreduce/tuned.py) against gloo's own.
 
 The benchmark only spot-checks their results; here every element is compared with
 dist.all_reduce on integer-valued float64 (exact), for N = 1..4, lengths that N does not
@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from dpcourse import launch
 from dpcourse.comm.recorder import CommRecorder
-from dpgrader.tuned.ring import naive_all_reduce, ring_all_reduce, textbook_ring_all_reduce
+from dpgrader.ring_allreduce.tuned import naive_all_reduce, ring_all_reduce, textbook_ring_all_reduce
 
 pytestmark = pytest.mark.usefixtures("no_orphans")
 
@@ -69,7 +69,7 @@ def test_tuned_ring_sends_exactly_the_ring_messages(world_size):
 
 
 def twin_after_calls():
-    from dpgrader.tuned import ring as reference_ring
+    from dpgrader.ring_allreduce import tuned as reference_ring
 
     sub = dist.new_group([0, 1])
     twins = set()

@@ -1,4 +1,5 @@
-"""The benchmark's ZeRO implementations (autograder/dpgrader/tuned/zero.py) pass notebook 10's checks.
+"""The benchmark's ZeRO implementations (autograder/dpgrader/zero_and_fsdp/tuned.py) pass notebook 10's
+checks.
 
 They are the instructor's solutions, tuned: if the hidden checks (and the visible ones, on 2 and 3
 ranks) accept them, the checks accept an implementation that differs from the notebook's solution
@@ -11,8 +12,8 @@ import pytest
 
 from dpcourse.topics.zero.checks import expect_fsdp, expect_zero1
 from dpcourse.topics.zero.runs import fsdp_run, launch_run, zero1_run
-from dpgrader.tuned.zero import TunedMiniFSDP, TunedShardedOptimizer
-from dpgrader.zero_and_fsdp import check_mini_fsdp, check_sharded_optimizer
+from dpgrader.zero_and_fsdp.checks import check_mini_fsdp, check_sharded_optimizer
+from dpgrader.zero_and_fsdp.tuned import TunedMiniFSDP, TunedShardedOptimizer
 
 pytestmark = pytest.mark.usefixtures("no_orphans")
 

@@ -8,11 +8,11 @@ import torch
 import torch.distributed as dist
 
 from dpcourse import LaunchError
-from dpcourse.checks.collectives import expect_all_reduced, expect_reduce_scattered
 from dpcourse.comm.calls import Call, Prepared, run_cases, run_p2p, world_peer
 from dpcourse.comm.recorder import CommOp
 from dpcourse.comm.traffic import expect_ring_traffic
 from dpcourse.reference.splits import chunk_bounds
+from dpcourse.topics.collectives.checks import expect_all_reduced, expect_reduce_scattered
 
 
 def shift(x, group=None):

@@ -12,15 +12,15 @@ from functools import partial
 import pytest
 import torch
 
-from dpcourse.checks.training import expect_same_state, read_checkpoint
 from dpcourse.reference.training import single_process_training
 from dpcourse.runtime.cluster import AgentsFailed, free_port, run_agents, torchrun_command
+from dpcourse.topics.ddp.checks import expect_same_state, read_checkpoint
 from dpcourse.toys.images import GeneratedImages
 from dpcourse.toys.smallcnn import SmallCNN
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("no_orphans")]
 
-TARGET = "dpgrader.ddp_in_practice:reference_train_ddp"  # a correct train_ddp, kept grader-side
+TARGET = "dpgrader.ddp_in_practice.checks:reference_train_ddp"  # a correct train_ddp, kept grader-side
 SAMPLES, EPOCHS, GLOBAL_BATCH, LR, SEED, WIDTH = 64, 2, 16, 0.05, 3, 4
 TIMEOUT = 180  # seconds per job: each worker starts a Python with torch (slow on 2 busy cores)
 

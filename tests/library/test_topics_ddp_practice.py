@@ -13,14 +13,6 @@ import torch.nn.functional as F
 from torch.utils.data import DistributedSampler
 
 from dpcourse import launch
-from dpcourse.checks.training import (
-    expect_losses,
-    expect_rank_zero_writes,
-    expect_run_results,
-    expect_same_state,
-    expect_sampler_behaviour,
-    with_save_log,
-)
 from dpcourse.reference.training import (
     global_order,
     sampler_orders,
@@ -36,6 +28,14 @@ from dpcourse.runtime.cluster import (
     shell_line,
     slurm_script,
     torchrun_command,
+)
+from dpcourse.topics.ddp.checks import (
+    expect_losses,
+    expect_rank_zero_writes,
+    expect_run_results,
+    expect_same_state,
+    expect_sampler_behaviour,
+    with_save_log,
 )
 from dpcourse.topics.ddp.scaling import efficiency, predicted_efficiency, ring_all_reduce_seconds
 from dpcourse.toys.images import GeneratedImages

@@ -14,8 +14,8 @@ from dpcourse.topics.ddp.timeline import (  # noqa: E402
     timeline_explorer,
 )
 from dpcourse.toys.models import deep_mlp  # noqa: E402
-from dpgrader.ddp_from_scratch import expected_buckets  # noqa: E402
-from dpgrader.tuned.ddp import ReferenceDDP  # noqa: E402
+from dpgrader.ddp_from_scratch.checks import expected_buckets  # noqa: E402
+from dpgrader.ddp_from_scratch.tuned import ReferenceDDP  # noqa: E402
 
 CAPS = [2**14, 2**20]
 

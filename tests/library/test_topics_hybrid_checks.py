@@ -11,7 +11,7 @@ import torch.distributed as dist
 from dpcourse.topics.hybrid.checks import expect_dp_pp, expect_dp_tp
 from dpcourse.topics.hybrid.runs import run_dp_pp_cases, run_dp_tp_cases
 from dpcourse.topics.tensor.models import inputs
-from dpgrader.tuned.hybrid import dp_pp_step, dp_tp_step, plain_dp_pp_step, plain_dp_tp_step
+from dpgrader.hybrid_parallelism.tuned import dp_pp_step, dp_tp_step, plain_dp_pp_step, plain_dp_tp_step
 
 
 def batches(rows, d_in, d_out, steps, seed):

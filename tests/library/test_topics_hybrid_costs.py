@@ -18,7 +18,7 @@ from dpcourse.topics.hybrid.grid import mesh_grid  # noqa: E402
 from dpcourse.topics.hybrid.models import dp_tp_model, placement, tensor_parallel_copy  # noqa: E402
 from dpcourse.topics.hybrid.pictures import draw_grid, plot_strategies, strategies  # noqa: E402
 from dpcourse.topics.hybrid.traffic import dp_pp_bytes, dp_tp_bytes, local_parameters  # noqa: E402
-from dpgrader.hybrid_parallelism import best_layout  # noqa: E402
+from dpgrader.hybrid_parallelism.checks import best_layout  # noqa: E402
 
 MODEL = dict(params=1.2e9, layers=8, hidden=2048, heads=16, seq=1024, batch=32)
 

@@ -15,7 +15,7 @@ from dpcourse.topics.hybrid.checks import (
 )
 from dpcourse.topics.hybrid.grid import AXES, Grid, check_sizes, layout, mesh_grid
 from dpcourse.topics.hybrid.runs import ORDER_RULE, run_grid_cases
-from dpgrader.tuned.hybrid import make_grid_groups
+from dpgrader.hybrid_parallelism.tuned import make_grid_groups
 
 SHAPES = {4: [(2, 2, 1), (1, 4, 1), (4, 1, 1), (1, 2, 2), (2, 1, 2)], 8: [(2, 2, 2), (2, 4, 1), (1, 2, 4)]}
 

@@ -7,8 +7,13 @@ import pytest
 import torch
 
 from dpcourse import launch
-from dpcourse.checks.pipeline import expect_held, expect_order, expect_pipeline_step, expect_pipeline_traffic
 from dpcourse.topics.pipeline.bench import pipeline_step_times, schedule_runner, torch_runner
+from dpcourse.topics.pipeline.checks import (
+    expect_held,
+    expect_order,
+    expect_pipeline_step,
+    expect_pipeline_traffic,
+)
 from dpcourse.topics.pipeline.compare import torch_schedule_step
 from dpcourse.topics.pipeline.runner import PipelineCase, run_pipeline
 from dpcourse.topics.pipeline.schedules import gpipe_schedule, parse_order

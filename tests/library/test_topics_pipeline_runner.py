@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from dpcourse import LaunchError
-from dpcourse.checks.pipeline import (
+from dpcourse.topics.pipeline.checks import (
     expect_held,
     expect_order,
     expect_pipeline_step,

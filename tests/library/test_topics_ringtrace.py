@@ -1,10 +1,10 @@
 """ringtrace: a recorded ring replays step by step from what the ranks really did (the textbook ring of
-notebook 04, as dpgrader.tuned.ring writes it)."""
+notebook 04, as dpgrader.ring_allreduce.tuned writes it)."""
 
 import matplotlib
 
 from dpcourse.topics.collectives.ringtrace import RingReplay, record_ring
-from dpgrader.tuned.ring import textbook_reduce_scatter, textbook_ring_all_reduce
+from dpgrader.ring_allreduce.tuned import textbook_reduce_scatter, textbook_ring_all_reduce
 
 matplotlib.use("Agg")
 

@@ -1,6 +1,6 @@
 """dpcourse.topics.tensor.runs and checks: a correct tensor-parallel piece passes, known mistakes are named.
 
-The correct pieces are the reference layers of the grader (dpgrader.tuned.tensor_parallel); the
+The correct pieces are the reference layers of the grader (dpgrader.tensor_parallelism.tuned); the
 mistakes are small variations of them, written here.
 """
 
@@ -25,7 +25,7 @@ from dpcourse.topics.tensor.checks import (
 )
 from dpcourse.topics.tensor.models import inputs
 from dpcourse.topics.tensor.runs import run_module_cases, run_operator_cases, run_training
-from dpgrader.tuned import tensor_parallel as tp
+from dpgrader.tensor_parallelism import tuned as tp
 
 GROUPS = [[0, 1], [2, 3]]
 F_RULE = "f: the identity forward, one all-reduce of the gradient backward"

@@ -26,7 +26,7 @@ from dpcourse.topics.tensor.pictures import (  # noqa: E402
 )
 from dpcourse.topics.tensor.realapi import as_reference, side_by_side, tp_mesh  # noqa: E402
 from dpcourse.topics.tensor.runs import run_module_cases, run_training  # noqa: E402
-from dpgrader.tuned import tensor_parallel as tp  # noqa: E402
+from dpgrader.tensor_parallelism import tuned as tp  # noqa: E402
 
 GROUPS = [[0, 1], [2, 3]]
 GATHER = ("all_gather", "all_gather_into_tensor")

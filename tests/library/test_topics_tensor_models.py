@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from dpcourse.topics.tensor.costs import layer_traffic, measured_traffic, ring_bytes
+from dpcourse.comm.volume import ring_traffic
+from dpcourse.topics.tensor.costs import layer_traffic, measured_traffic
 from dpcourse.topics.tensor.models import attend, inputs, linear, mlp, self_attention
 from dpcourse.topics.tensor.shards import column_shard, locate_slices, row_shard, shard_bounds
 
@@ -68,7 +69,7 @@ def test_traffic_formulas_match_the_notebooks_numbers():
     assert round(t["tp_bytes_sent"] / 1e6) == 352
     assert round(t["dp_all_reduce_bytes"] / 1e6) == 453
     assert round(t["dp_bytes_sent"] / 1e6) == 892
-    assert ring_bytes(100, 1) == 0 and ring_bytes(100, 2) == 100
+    assert ring_traffic(100, 1)[1] == 0 and ring_traffic(100, 2)[1] == 100
 
 
 def test_measured_traffic_counts_calls_and_bytes_per_direction():

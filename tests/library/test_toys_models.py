@@ -12,9 +12,9 @@ from dpcourse.checks.params import (
     expect_identical_across_ranks,
     expect_same_state,
 )
-from dpcourse.checks.training import expect_single_process_equivalence
 from dpcourse.reference.gradients import gradients_of, single_process_gradients, state_of
 from dpcourse.reference.training import sgd
+from dpcourse.topics.ddp.checks import expect_single_process_equivalence
 from dpcourse.toys.data import my_share, smooth_regression_data
 from dpcourse.toys.models import MODELS, deep_mlp, loss_fn
 

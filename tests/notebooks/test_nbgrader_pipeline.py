@@ -88,7 +88,7 @@ def test_exercise_index_and_readme_table_are_fresh():
         "assignment": "00_orientation", "notebook": "solutions/00_orientation/00_orientation.ipynb",
         "kind": "code", "solution": "my_slice", "tests": ["test_my_slice_basic", "test_my_slice_edge_cases"],
         "points": 3.0, "function": "my_slice", "signature": "my_slice(data)",
-        "hidden_checks": ["dpgrader.orientation.check_my_slice"],
+        "hidden_checks": ["dpgrader.orientation.checks.check_my_slice"],
         "helpers": ["dpcourse.checks.ranks", "dpcourse.runtime.launcher"]}
     assert first["reference"], first
 

@@ -17,8 +17,8 @@ from types import SimpleNamespace
 import torch
 
 from dpcourse import launch
+from dpcourse.grading.zygote import LearnerName, call_learner
 from dpcourse.runtime import launcher
-from dpcourse.runtime.zygote import LearnerName, call_learner
 from dpgrader.judge.cell_kinds import is_demo, is_graded_test, nbgrader_meta  # noqa: F401 - used here and by cells.py
 
 

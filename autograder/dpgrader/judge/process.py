@@ -117,14 +117,18 @@ class JudgeWorker:
 
     def answer(self, submission, log_start, deadline, timeout):
         """The verdicts on what `ask` handed over, or {"error": why} (the judge is then stopped)."""
-        reply = self._reply(max(0.0, deadline - time.monotonic()))
+        reply, ended = self._reply(max(0.0, deadline - time.monotonic()))
         if reply is not None and reply.get("submission") == submission:
             return reply["verdicts"]
-        try:  # the judge ended (its output closed), or it is still at work past the time limit
-            code = self.proc.wait(max(0.0, min(5.0, deadline - time.monotonic())))
+        # The judge ended (its output closed: it is exiting, which may take a while on a loaded
+        # machine, so it is waited for until the deadline, not a guessed margin), or it is still
+        # at work past the time limit.
+        try:
+            code = self.proc.wait(max(0.0, deadline - time.monotonic()) if ended else 0.0)
             why = f"exit status {code}"
         except subprocess.TimeoutExpired:
-            why = f"stopped after {timeout:g} s"
+            why = (f"it closed its output but had not exited after {timeout:g} s" if ended
+                   else f"stopped after {timeout:g} s")
         self._stop()
         self.log.seek(log_start)
         tail = self.log.read()[-3000:]
@@ -140,16 +144,19 @@ class JudgeWorker:
                                      text=True, start_new_session=True)
 
     def _reply(self, timeout):
-        """The judge's next line, or None when it ends or `timeout` seconds pass first."""
+        """(the judge's next line as JSON or None, whether its output ended): None, False when
+        `timeout` seconds pass first."""
         with selectors.DefaultSelector() as selector:
             selector.register(self.proc.stdout, selectors.EVENT_READ)
             if not selector.select(timeout):
-                return None
+                return None, False
         line = self.proc.stdout.readline()
+        if not line:
+            return None, True
         try:
-            return json.loads(line) if line else None
+            return json.loads(line), False
         except ValueError:
-            return None
+            return None, False
 
     def _stop(self, grace=0.0):
         """End the judge: killed at once (it failed or stalled), or given `grace` seconds to finish

@@ -1,7 +1,7 @@
 """Run a launch's ranks in sandboxes, talking only through the router: `launch` while grading.
 
 `RankPool` keeps one sandbox per rank index, each holding a warm interpreter (a zygote, see
-dpcourse.runtime.zygote) that forks the rank of every launch. Rank r of a launch runs in
+dpcourse.grading.zygote) that forks the rank of every launch. Rank r of a launch runs in
 sandbox r: ranks cannot reach each other (no network, no shared files), only the router in
 this process. The launcher's own supervision (output relay, deadline, failure report naming
 the rank to blame) runs unchanged on these ranks: only polling and signalling go through the
@@ -20,15 +20,16 @@ import os
 import pickle
 import signal
 import socket
-import struct
 import threading
 import time
 
 import cloudpickle
 import torch
 
-from dpcourse.runtime import launcher, wire
-from dpcourse.runtime.zygote import rebuild_parameter
+from dpcourse.grading import wire
+from dpcourse.grading.zygote import rebuild_parameter
+from dpcourse.runtime import launcher
+from dpcourse.runtime.inside_rank import LENGTH_PREFIX
 from dpgrader.judge import sandbox, zygotes
 from dpgrader.judge.router import Router
 from dpgrader.judge.zygotes import GraderFailure, Zygote  # noqa: F401 - GraderFailure: cells.py's
@@ -46,7 +47,7 @@ def _reduce_torch_ops(ops):
 
 
 class GradientKeepingPickler(cloudpickle.CloudPickler):
-    """cloudpickle, keeping parameters' gradients (see dpcourse.runtime.zygote.rebuild_parameter),
+    """cloudpickle, keeping parameters' gradients (see dpcourse.grading.zygote.rebuild_parameter),
     and sending `torch.ops` by reference (a test function that reads `rec.ops` makes cloudpickle
     try to ship torch's operator namespace, which cannot be pickled)."""
 
@@ -84,8 +85,7 @@ class RemoteRank:
 
     @staticmethod
     def decode(data):
-        head, body = struct.unpack("<II", data[:8])
-        value = wire.decode_value(data[8:8 + head], data[8 + head:8 + head + body])
+        value = wire.decode_value_frame(data)
         if not isinstance(value, dict) or value.get("status") not in ("ok", "error"):
             return ("error", time.monotonic(), "ProtocolError", "the rank's report was malformed", "")
         if value["status"] == "ok":
@@ -95,7 +95,7 @@ class RemoteRank:
 
 
 class CallSession:
-    """A learner process that answers direct calls (dpcourse.runtime.zygote._serve_calls)."""
+    """A learner process that answers direct calls (dpcourse.grading.zygote._serve_calls)."""
 
     def __init__(self, pool):
         self.pool = pool
@@ -133,7 +133,7 @@ class CallSession:
         blob = dumps((name, args, kwargs))
         self.sock.settimeout(timeout)
         try:
-            self.sock.sendall(struct.pack("<Q", len(blob)) + blob)
+            self.sock.sendall(LENGTH_PREFIX.pack(len(blob)) + blob)
             report = wire.read_value(self.sock)
         except TimeoutError:
             self.close()

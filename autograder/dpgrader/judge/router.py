@@ -1,6 +1,6 @@
 """The grader's message router: the one way graded ranks can talk, and the count of what they said.
 
-Each graded rank holds one socket to this router (see dpcourse.runtime.routed, the rank side).
+Each graded rank holds one socket to this router (see dpcourse.grading.routed, the rank side).
 The router matches every send with its receive (a send completes only when its receive is
 posted, as with gloo), computes every collective from the members' contributions, refuses
 collectives where an exercise allows point-to-point calls only, and writes every call to a log
@@ -17,12 +17,13 @@ import time
 import torch
 
 from dpcourse.comm.recorder import CommOp
-from dpcourse.runtime import wire
+from dpcourse.grading import wire
 
+# the reductions gloo offers (torch 2.13: ReduceOp.AVG too, on all_reduce, reduce and reduce_scatter)
 REDUCE = {"sum": lambda ts: _fold(ts, torch.add), "product": lambda ts: _fold(ts, torch.mul),
           "min": lambda ts: _fold(ts, torch.minimum), "max": lambda ts: _fold(ts, torch.maximum),
           "band": lambda ts: _fold(ts, torch.bitwise_and), "bor": lambda ts: _fold(ts, torch.bitwise_or),
-          "bxor": lambda ts: _fold(ts, torch.bitwise_xor)}
+          "bxor": lambda ts: _fold(ts, torch.bitwise_xor), "avg": lambda ts: _average(ts)}
 
 
 def _fold(tensors, op):
@@ -30,6 +31,19 @@ def _fold(tensors, op):
     for t in tensors[1:]:
         acc = op(acc, t.to(acc.dtype))
     return acc
+
+
+def _average(tensors):
+    total = _fold(tensors, torch.add)
+    return (total / len(tensors)).to(total.dtype) if total.is_floating_point() else total // len(tensors)
+
+
+def _reducer(op, params):
+    """The reduction every member asked for, or the error gloo gives (every member gets it)."""
+    name = params.get("reduce", "sum")
+    if name not in REDUCE:
+        raise ValueError(f"{op}: Cannot use ReduceOp.{str(name).upper()} with Gloo")
+    return REDUCE[name]
 
 
 class Router:
@@ -210,10 +224,7 @@ def _compute(op, group, params, inputs):
         return {r: [] for r in group}
     if op in ("all_reduce", "reduce"):
         _same_shapes(inputs, op)
-        reduce = REDUCE.get(params[group[0]].get("reduce"))
-        if reduce is None:
-            raise ValueError(f"{op} with ReduceOp.{params[group[0]].get('reduce', '?').upper()} is not "
-                             f"supported by gloo (SUM, PRODUCT, MIN, MAX)")
+        reduce = _reducer(op, params[group[0]])
         k = len(inputs[group[0]])
         totals = [reduce([inputs[r][i] for r in group]) for i in range(k)]
         if op == "all_reduce":
@@ -230,7 +241,7 @@ def _compute(op, group, params, inputs):
         return {r: [inputs[m][i] for i in range(k) for m in group] for r in group}
     if op == "reduce_scatter":
         _same_shapes(inputs, op)
-        reduce = REDUCE[params[group[0]].get("reduce", "sum")]
+        reduce = _reducer(op, params[group[0]])
         per = len(inputs[group[0]]) // n
         return {r: [reduce([inputs[m][j * n + group.index(r)] for m in group]) for j in range(per)]
                 for r in group}

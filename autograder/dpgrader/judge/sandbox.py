@@ -78,7 +78,7 @@ def argv(command, *, binds=(), network=False, keep_capabilities=False):
     connection file). network=True keeps the host's loopback (a Jupyter kernel, which its
     client reaches over TCP); graded ranks get no network at all. keep_capabilities: for the
     grader's own warm interpreter, which isolates each rank it forks and then drops root
-    before any learner code runs (dpcourse.runtime.zygote.isolate).
+    before any learner code runs (dpcourse.grading.zygote.isolate).
     """
     base, prefix = Path(sys.base_prefix).resolve(), Path(sys.prefix)
     args = ["bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc",

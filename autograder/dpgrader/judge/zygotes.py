@@ -1,7 +1,7 @@
 """The grading sandboxes' warm interpreters (zygotes), and starting them before the judge loads torch.
 
 A zygote is one sandbox holding an interpreter with torch imported, which forks a rank per launch
-(dpcourse.runtime.zygote is its inside). Starting one costs 2-3 s (bubblewrap, Python, torch), as
+(dpcourse.grading.zygote is its inside). Starting one costs 2-3 s (bubblewrap, Python, torch), as
 long as the judge's own imports: `python -m dpgrader.judge` calls `start_early` first, then loads
 the judge, whose RankPool takes the zygotes already warming (`take_early`). Nothing here imports
 torch.
@@ -91,7 +91,7 @@ class Zygote:
 
     def __init__(self, sandboxed, shared=False, scratch=None):
         self.control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        command = [os.path.abspath(sys.executable), "-m", "dpcourse.runtime.zygote", str(theirs.fileno())]
+        command = [os.path.abspath(sys.executable), "-m", "dpcourse.grading.zygote", str(theirs.fileno())]
         if sandboxed:
             command.append("--sandboxed")
         env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")

@@ -10,21 +10,33 @@ make results that are a multiple of the right ones (summing instead of averaging
 and `ratio_hint` says so ("4x the expected values"), which points at the bug faster than two lists
 of numbers.
 
-Tolerances come from one table by dtype (`TOLERANCES`, like torch.testing.assert_close's: a
+Tolerances come from one table (`TOLERANCES`), by dtype like torch.testing.assert_close's (a
 comparison takes the looser entry of its two dtypes, so a float32 result is held to float32's
-tolerance even against a float64 reference). Integers and booleans compare exactly. A caller that
-needs another bound passes it: `atol` alone is an absolute bound (rtol 0), `rtol` alone a relative one.
+tolerance even against a float64 reference), plus a few named entries for comparisons the dtype
+alone does not describe (one float64 algorithm against another: `TOLERANCES["float64 exact"]`).
+Every check of the course takes its bound from here. Integers and booleans compare exactly. A
+caller that needs another bound passes it: `atol` alone is an absolute bound (rtol 0), `rtol` alone
+a relative one.
 """
 
 import torch
 
-TOLERANCES = {  # dtype -> (atol, rtol)
+TOLERANCES = {  # dtype or named comparison -> (atol, rtol)
     torch.float16: (1e-5, 1e-3),
     torch.bfloat16: (1e-5, 1.6e-2),
     # learner results in float32 against float64 references, a few operations and steps deep
     torch.float32: (2e-5, 1e-4),
-    # float64 runs (the DDP chapters): only the order of additions differs, ~1e-15 per step
+    # float64 runs (the DDP chapters, a few hybrid steps): only the order of additions differs, ~1e-15
+    # per step
     torch.float64: (1e-9, 1e-7),
+    # named comparisons:
+    # one float64 algorithm against another, a step deep (a pipeline, tensor-parallel layers): ~1e-16
+    "float64 exact": (1e-10, 1e-8),
+    # float64 states compared element by element in absolute terms (ZeRO's shards against plain Adam)
+    "float64 absolute": (1e-9, 0.0),
+    # a float32 wrapper against the module it wraps, the same operations on the same rows: tighter in
+    # atol than float32's entry, which allows for float32 results against float64 references
+    "float32 same ops": (1e-5, 1e-4),
 }
 ATOL, RTOL = TOLERANCES[torch.float32]  # the float32 entry, under the names older code imports
 
@@ -62,13 +74,24 @@ def shorten(values, limit=8, fmt=repr, more="count", total=None):
     return shown + (f", … ({total} values)" if more == "count" else ", ...")
 
 
+def number(value):
+    """A number as a person reads it: floats to 6 significant digits (enough to see what is wrong,
+    and the same from run to run: a sum taken in another order changes only the last digits)."""
+    return f"{value:.6g}" if isinstance(value, float) else repr(value)
+
+
 def describe(value, limit=8):
-    """A short, readable rendering of a value for a failure message."""
+    """A short, readable rendering of a value for a failure message (floats to 6 digits, as `number`)."""
     if isinstance(value, torch.Tensor):
         flat = value.detach().flatten()
         shown = shorten(flat[:limit].tolist(), limit, fmt=lambda v: f"{v:g}", total=flat.numel())
         return f"tensor([{shown}], shape={tuple(value.shape)}, dtype={str(value.dtype)[6:]})"
-    return repr(value)
+    if type(value) is dict:
+        return "{" + ", ".join(f"{k!r}: {describe(v, limit)}" for k, v in value.items()) + "}"
+    if type(value) in (list, tuple) and len(value) <= limit:
+        inner = ", ".join(describe(v, limit) for v in value)
+        return f"[{inner}]" if type(value) is list else f"({inner}{',' if len(value) == 1 else ''})"
+    return number(value)
 
 
 def rank_prefix(rank=None):

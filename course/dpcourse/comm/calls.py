@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from dpcourse.backend import rank_device
 from dpcourse.comm.recorder import CommOp, CommRecorder, ForbiddenCollective
-from dpcourse.runtime.backend import rank_device
 from dpcourse.runtime.failures import LaunchError
 from dpcourse.runtime.inside_rank import to_cpu
 from dpcourse.runtime.launcher import launch, launch_options, observed_traffic

@@ -58,7 +58,7 @@ FUNCTIONAL = {  # _c10d_functional operator -> the same names (they run the same
     "isend": "send", "irecv": "recv", "batch_p2p_ops": "batch_p2p_ops",
 }
 NOT_COMMUNICATION = {"wait_tensor", "_wrap_tensor_autograd"}  # bookkeeping of functional collectives
-ROUTED_BACKEND = "dpcourse-routed"  # dpcourse.runtime.routed: its groups report their own calls
+ROUTED_BACKEND = "dpcourse-routed"  # dpcourse.grading.routed: its groups report their own calls
 
 # operators whose first argument is the output and second the input (c10d's schemas)
 OUTPUTS_FIRST = {"all_gather", "all_gather_into_tensor", "all_gather_coalesced",
@@ -146,7 +146,7 @@ _active = []  # recorders in force in this process, innermost last (see `note_ro
 def note_routed_call(name, peer, tensors, group):
     """Tell the recorders in force about a call that did not go through the dispatcher.
 
-    While grading, ranks talk through a Python process group (dpcourse.runtime.routed) whose
+    While grading, ranks talk through a Python process group (dpcourse.grading.routed) whose
     calls the dispatcher never sees; it reports each call here, so a recorder counts the same
     calls under gloo, NCCL and the grader's router. Raises ForbiddenCollective like a dispatched
     collective would.

@@ -11,6 +11,7 @@ Used by notebooks 03 and 04.
 import math
 
 from dpcourse.comm.calls import members, world_peer
+from dpcourse.comm.volume import ring_traffic
 from dpcourse.reference.splits import ceil_div
 from dpcourse.viz.tables import print_table
 
@@ -22,9 +23,8 @@ def ring_budget(numel, element_size, world_size, phases):
     A reduce-scatter or an all-gather is one phase, an all-reduce two.
     """
     chunk = ceil_div(numel, world_size)
-    steps = phases * (world_size - 1)
-    return (steps, chunk * element_size, steps * chunk * element_size,
-            phases * (world_size - 1) / world_size * numel * element_size)
+    steps, ideal = ring_traffic(numel * element_size, world_size, phases)
+    return steps, chunk * element_size, steps * chunk * element_size, ideal
 
 
 def expect_ring_traffic(calls, numel, element_size, phases, what):

@@ -19,20 +19,37 @@ ring algorithm), with S the bytes of the whole vector and N the group size:
 
 This is the ZeRO paper's count (Rajbhandari et al., 2020, section 7), which rounds (N-1)/N
 to 1: "communication volume" Ψ for a reduce-scatter or an all-gather, 2Ψ for an all-reduce.
+
+`ring_traffic` is the course's one statement of a ring's cost: every other module that prices a
+ring (the cost model of notebooks 04 and 09, the traffic checks, the planners) calls it.
 """
 
 from collections import defaultdict
 
-# bytes a rank sends, as a multiple of the recorded nbytes, for a group of n ranks
+
+def ring_traffic(nbytes, world_size, phases=2):
+    """(steps, bytes) one rank sends in a bandwidth-optimal ring over `world_size` ranks.
+
+    A phase is N-1 steps of one chunk, S/N bytes: a reduce-scatter or an all-gather is one phase,
+    an all-reduce two (reduce-scatter, then all-gather), so an all-reduce of S bytes costs each
+    rank 2(N-1) steps and 2(N-1)/N · S bytes, whatever N (notebook 04). One rank: nothing.
+    """
+    n = world_size
+    if n <= 1:
+        return 0, 0.0
+    return phases * (n - 1), phases * (n - 1) / n * nbytes
+
+
+# bytes a rank sends for one recorded call of `nbytes` (what the recorder saw) in a group of n ranks
 _RING = {
-    "all_reduce": lambda n: 2 * (n - 1) / n,
-    "all_gather": lambda n: n - 1,  # recorded: this rank's chunk, S/N
-    "all_gather_into_tensor": lambda n: n - 1,
-    "reduce_scatter": lambda n: (n - 1) / n,  # recorded: the whole input, S
-    "reduce_scatter_tensor": lambda n: (n - 1) / n,
-    "broadcast": lambda n: (n - 1) / n,
-    "reduce": lambda n: (n - 1) / n,
-    "send": lambda n: 1,
+    "all_reduce": lambda nbytes, n: ring_traffic(nbytes, n)[1],
+    "all_gather": lambda nbytes, n: ring_traffic(nbytes * n, n, phases=1)[1],  # recorded: this rank's chunk
+    "all_gather_into_tensor": lambda nbytes, n: ring_traffic(nbytes * n, n, phases=1)[1],
+    "reduce_scatter": lambda nbytes, n: ring_traffic(nbytes, n, phases=1)[1],  # recorded: the whole input
+    "reduce_scatter_tensor": lambda nbytes, n: ring_traffic(nbytes, n, phases=1)[1],
+    "broadcast": lambda nbytes, n: ring_traffic(nbytes, n, phases=1)[1],
+    "reduce": lambda nbytes, n: ring_traffic(nbytes, n, phases=1)[1],
+    "send": lambda nbytes, n: nbytes,
 }
 _NOTHING = {"recv", "recv_any_source", "barrier", "monitored_barrier"}
 
@@ -49,7 +66,7 @@ def ring_bytes(op, world_size=None):
     n = len(op.group) if op.group else world_size
     if n is None:
         raise ValueError(f"the record of {op.op} names no group: pass world_size")
-    return _RING[op.op](n) * op.nbytes if n > 1 or op.op == "send" else 0.0
+    return float(_RING[op.op](op.nbytes, n)) if n > 1 or op.op == "send" else 0.0
 
 
 def bytes_sent(ops, world_size=None):

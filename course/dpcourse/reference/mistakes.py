@@ -4,7 +4,7 @@
     expect_gradients(got, expected, names, what, suspects=suspects)   # "...: is this the plain mean
                                                                        #  of the shard means? ..."
 Used by notebook 01 (the test cells of data_parallel_gradient and sync_batch_norm, and their
-hidden checks in dpgrader.first_principles), through dpcourse.checks.core.known_mistake.
+hidden checks in dpgrader.first_principles.checks), through dpcourse.checks.core.known_mistake.
 
 Why: a wrong gradient printed next to the right one says that something is wrong, not what.
 Data-parallel bugs have signatures -- the plain mean of unequal shards, a sum instead of a

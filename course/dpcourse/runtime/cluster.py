@@ -72,9 +72,9 @@ def load_target(target):
 
 
 def pick_backend(requested=None):
-    """The course's one rule (dpcourse.runtime.backend.resolve_backend: DPCOURSE_BACKEND honoured,
+    """The course's one rule (dpcourse.backend.resolve_backend: DPCOURSE_BACKEND honoured,
     NCCL only with one GPU per rank) applied to this node's workers (torchrun's LOCAL_WORLD_SIZE)."""
-    from dpcourse.runtime.backend import resolve_backend
+    from dpcourse.backend import resolve_backend
 
     return resolve_backend(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), requested)
 

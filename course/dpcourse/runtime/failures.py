@@ -194,7 +194,7 @@ def _trim_traceback(text):
     for line in text.rstrip().splitlines():
         if line.startswith("  File "):
             skipping = any(p in line for p in ("dpcourse/runtime/inside_rank.py",
-                                                "dpcourse/runtime/zygote.py",
+                                                "dpcourse/grading/zygote.py",
                                                 "dpcourse/runtime/launcher.py", "dpcourse/checks/ranks.py",
                                                 "dpcourse/comm/calls.py",
                                                 "torch/distributed/c10d_logger.py", "dpgrader/"))
@@ -205,7 +205,7 @@ def _trim_traceback(text):
     return out
 
 
-BOTTOM_FILES = ("dpcourse/runtime/inside_rank.py", "dpcourse/runtime/zygote.py")  # where a rank starts
+BOTTOM_FILES = ("dpcourse/runtime/inside_rank.py", "dpcourse/grading/zygote.py")  # where a rank starts
 FRAME = re.compile(r'File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 
 

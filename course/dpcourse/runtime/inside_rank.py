@@ -28,6 +28,10 @@ import traceback
 
 PR_SET_PDEATHSIG = 1
 
+# A rank's report on its message pipe, and every length-prefixed message of the launcher and the
+# grader's rank side: this 8-byte length (little-endian), then that many bytes.
+LENGTH_PREFIX = struct.Struct("<Q")
+
 
 def die_with_parent(parent_pid):
     """Ask the kernel to SIGKILL this rank when the launcher dies.
@@ -59,7 +63,7 @@ def send_message(msg_fd, message):
         data = pickle.dumps(("error", time.monotonic(), "PicklingError",
                              f"the function returned a value that cannot be sent back to the "
                              f"caller ({exc})", ""))
-    blob = struct.pack("<Q", len(data)) + data
+    blob = LENGTH_PREFIX.pack(len(data)) + data
     view = memoryview(blob)
     while view:
         written = os.write(msg_fd, view)

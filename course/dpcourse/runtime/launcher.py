@@ -28,7 +28,6 @@ import re
 import selectors
 import shutil
 import signal
-import struct
 import subprocess
 import sys
 import tempfile
@@ -36,8 +35,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from dpcourse.backend import resolve_backend
 from dpcourse.runtime import inside_rank
-from dpcourse.runtime.backend import resolve_backend
 from dpcourse.runtime.failures import describe_failure
 from dpcourse.runtime.timeouts import TIMEOUTS
 
@@ -359,7 +358,8 @@ def _pump_until_closed(selector, limit=5.0):
 
 
 def _msg_complete(r):
-    return len(r.msg) >= 8 and len(r.msg) >= 8 + struct.unpack("<Q", r.msg[:8])[0]
+    size = inside_rank.LENGTH_PREFIX.size
+    return len(r.msg) >= size and len(r.msg) >= size + inside_rank.LENGTH_PREFIX.unpack(r.msg[:size])[0]
 
 
 def _relay(r, chunk):

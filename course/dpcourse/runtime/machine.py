@@ -9,7 +9,7 @@ import platform
 import torch
 import torch.distributed as dist
 
-from dpcourse.runtime.backend import resolve_backend
+from dpcourse.backend import resolve_backend
 
 
 def environment():

@@ -15,7 +15,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from dpcourse.runtime.backend import rank_device
+from dpcourse.backend import rank_device
 
 
 def _settle(device):

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dpcourse.runtime.backend import rank_device
+from dpcourse.backend import rank_device
 from dpcourse.toys.models import linear, mlp
 
 

@@ -27,7 +27,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from dpcourse.runtime.backend import rank_device
+from dpcourse.backend import rank_device
+from dpcourse.comm.volume import ring_traffic
 
 ALGORITHMS = ("naive", "tree", "ring")
 
@@ -38,8 +39,9 @@ def algbw(nbytes, seconds):
 
 
 def busbw(nbytes, seconds, world_size):
-    """Bus bandwidth (bytes/s) of an all-reduce, NCCL-tests' convention: algbw · 2(N-1)/N."""
-    return algbw(nbytes, seconds) * 2 * (world_size - 1) / world_size
+    """Bus bandwidth (bytes/s) of an all-reduce, NCCL-tests' convention: algbw · 2(N-1)/N (what a rank
+    of a ring sends, per byte of the tensor)."""
+    return ring_traffic(algbw(nbytes, seconds), world_size)[1]
 
 
 def messages_and_bytes(algorithm, nbytes, world_size):
@@ -53,7 +55,7 @@ def messages_and_bytes(algorithm, nbytes, world_size):
         depth = math.ceil(math.log2(n))
         return 2 * depth, 2 * depth * nbytes  # worst case: one send up, the root's depth sends down
     if algorithm == "ring":
-        return 2 * (n - 1), 2 * (n - 1) * nbytes / n
+        return ring_traffic(nbytes, n)
     raise ValueError(f"unknown algorithm {algorithm!r}: use one of {ALGORITHMS}")
 
 
@@ -67,7 +69,8 @@ def predicted_time(algorithm, nbytes, world_size, alpha, beta):
     if algorithm == "tree":
         return 2 * math.ceil(math.log2(n)) * (alpha + nbytes / beta)
     if algorithm == "ring":
-        return 2 * (n - 1) * (alpha + nbytes / (n * beta))
+        steps, sent = ring_traffic(nbytes, n)
+        return steps * alpha + sent / beta
     raise ValueError(f"unknown algorithm {algorithm!r}: use one of {ALGORITHMS}")
 
 

@@ -14,7 +14,7 @@ on 2**r, whose sums tell which ranks each element came from (see maskpics).
 import torch
 import torch.distributed as dist
 
-from dpcourse.runtime.backend import rank_device
+from dpcourse.backend import rank_device
 from dpcourse.runtime.launcher import launch
 from dpcourse.viz import colours as maskpics
 from dpcourse.viz.widgets import explorer

@@ -22,10 +22,10 @@ receive buffer came from.
 import torch
 import torch.distributed as dist
 
+from dpcourse.backend import rank_device
 from dpcourse.comm.calls import GROUP_TIMEOUT
 from dpcourse.comm.recorder import CommRecorder
 from dpcourse.reference.splits import chunk_bounds
-from dpcourse.runtime.backend import rank_device
 from dpcourse.runtime.launcher import launch
 from dpcourse.viz import colours as maskpics
 from dpcourse.viz.widgets import explorer

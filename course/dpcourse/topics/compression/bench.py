@@ -19,7 +19,7 @@ in different orders. Measured here (2 ranks, a 256-wide MLP of 4 layers, bucket_
 that issues every collective from backward's thread, in bucket order, ran.
 """
 
-from dpcourse.runtime.backend import rank_device
+from dpcourse.backend import rank_device
 from dpcourse.topics.ddp.bench import compare_step_times
 
 ONE_BUCKET_MB = 1024  # every gradient in one bucket (see the module docstring)

@@ -21,9 +21,9 @@ import matplotlib.pyplot as plt
 import torch
 import torch.distributed as dist
 
+from dpcourse.backend import rank_device
 from dpcourse.comm.recorder import CommRecorder
 from dpcourse.comm.volume import bytes_sent
-from dpcourse.runtime.backend import rank_device
 from dpcourse.runtime.launcher import launch
 from dpcourse.topics.compression.data import task_with_held_out
 from dpcourse.topics.compression.runs import LR, build_model

@@ -17,11 +17,11 @@ its `my_share` of each global batch, plain SGD (no momentum) with learning rate 
 import torch
 import torch.distributed as dist
 
+from dpcourse.backend import rank_device
 from dpcourse.comm.calls import launch_run  # noqa: F401 - launch_run is used by 11
 from dpcourse.comm.calls import plain_ops as plain
 from dpcourse.comm.recorder import CommRecorder
 from dpcourse.reference.gradients import gradients_of, state_of
-from dpcourse.runtime.backend import rank_device
 from dpcourse.runtime.inside_rank import to_cpu
 from dpcourse.topics.compression.data import task_data
 from dpcourse.toys.data import global_batch, my_share

@@ -21,6 +21,7 @@ import time
 import torch
 from torch import nn
 
+from dpcourse.comm.volume import ring_traffic
 from dpcourse.viz.tables import print_table
 
 
@@ -93,7 +94,7 @@ def dataparallel_traffic(model_bytes, input_bytes, output_bytes, devices):
         "gather: outputs come to device 0": others * output_bytes,
         "backward: output gradients scattered back": others * output_bytes,
         "reduce: every replica's gradients summed on device 0": (n - 1) * model_bytes,
-        "DDP, for comparison: one GPU sends in a ring all-reduce": 2 * others * model_bytes,
+        "DDP, for comparison: one GPU sends in a ring all-reduce": ring_traffic(model_bytes, n)[1],
     }
 
 

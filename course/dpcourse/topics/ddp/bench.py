@@ -18,7 +18,7 @@ import statistics
 import torch
 import torch.distributed as dist
 
-from dpcourse.runtime.backend import rank_device
+from dpcourse.backend import rank_device
 from dpcourse.runtime.launcher import launch
 from dpcourse.runtime.timing import interleaved_step_times
 from dpcourse.toys.data import my_share, smooth_regression_data

@@ -23,8 +23,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from dpcourse.backend import rank_device
 from dpcourse.reference.splits import ceil_div
-from dpcourse.runtime.backend import rank_device
 from dpcourse.runtime.launcher import launch
 from dpcourse.topics.collectives.costmodel import predicted_time
 

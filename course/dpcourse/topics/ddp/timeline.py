@@ -27,8 +27,8 @@ import matplotlib.pyplot as plt
 import torch
 import torch.distributed as dist
 
+from dpcourse.backend import rank_device
 from dpcourse.comm.recorder import CommRecorder
-from dpcourse.runtime.backend import rank_device
 from dpcourse.topics.collectives.costmodel import format_bytes
 from dpcourse.toys.data import my_share, smooth_regression_data
 from dpcourse.toys.models import deep_mlp, loss_fn

@@ -21,6 +21,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from dpcourse.comm.volume import ring_traffic
 from dpcourse.runtime.launcher import launch
 from dpcourse.runtime.timing import interleaved_step_times
 from dpcourse.topics.hybrid.costs import cluster, predict
@@ -109,10 +110,11 @@ def calibrate(sizes=(4096, 4 << 20), repeats=7):
     seconds = results[0][1]
     (s1, t1), (s2, t2) = sorted(seconds.items())
     n = 4
-    # t = 2(n - 1) alpha + 2(n - 1)/n · S / beta, at two sizes
+    # t = steps · alpha + sent(S) / beta (a ring all-reduce), at two sizes
+    steps, per_byte = ring_traffic(1.0, n)
     slope = (t2 - t1) / (s2 - s1)
-    beta = 2 * (n - 1) / n / slope if slope > 0 else float("inf")
-    alpha = max((t1 - 2 * (n - 1) / n * s1 / beta) / (2 * (n - 1)), 0.0)
+    beta = per_byte / slope if slope > 0 else float("inf")
+    alpha = max((t1 - per_byte * s1 / beta) / steps, 0.0)
     return {"flops": flops, "alpha": alpha, "beta": beta}
 
 

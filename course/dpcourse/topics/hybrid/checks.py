@@ -24,37 +24,18 @@ import math
 
 import torch
 
-from dpcourse.checks.core import describe, ratio_hint
+from dpcourse.checks.core import TOLERANCES, describe, number, ratio_hint
 from dpcourse.comm.volume import ring_bytes
-from dpcourse.topics.hybrid.grid import AXES, layout
+from dpcourse.topics.hybrid.grid import AXES, expected_grid
 from dpcourse.topics.hybrid.models import dp_pp_model, dp_tp_model, placement
 from dpcourse.topics.hybrid.runs import ORDER_RULE
 from dpcourse.topics.hybrid.traffic import dp_pp_bytes, dp_tp_bytes
 from dpcourse.topics.tensor.checks import shard
 from dpcourse.toys.models import loss_fn as mse_loss
 
-ATOL, RTOL = 1e-9, 1e-7  # float64, a few steps
+ATOL, RTOL = TOLERANCES[torch.float64]  # float64, a few steps
 
 # --------------------------------------------------------------------------- grids
-
-
-def axis_groups(dp, pp, tp, axis):
-    """Every group along `axis` of a (dp, pp, tp) grid, as lists of world ranks (DeviceMesh's cut)."""
-    mesh = layout(dp, pp, tp)
-    dim = AXES.index(axis)
-    return [row.tolist() for row in mesh.movedim(dim, -1).reshape(-1, mesh.shape[dim])]
-
-
-def expected_grid(dp, tp, pp=1):
-    """Per world rank: {"coords": {axis: index}, "members": {axis: world ranks of its group}}."""
-    mesh = layout(dp, pp, tp)
-    out = []
-    for rank in range(mesh.numel()):
-        position = [int(i) for i in (mesh == rank).nonzero()[0]]
-        coords = dict(zip(AXES, position, strict=True))
-        members = {axis: next(g for g in axis_groups(dp, pp, tp, axis) if rank in g) for axis in AXES}
-        out.append({"coords": coords, "members": members})
-    return out
 
 
 def _swapped_grid(dp, tp, pp):
@@ -286,8 +267,8 @@ def _expect_loss(run, step, expected_losses, whole, replica, what):
         elif math.isclose(got, whole, rel_tol=1e-9):
             hint = (f" -- that is the loss of the whole batch: each replica trains on its "
                     f"1/{len(expected_losses)} of the rows")
-    raise AssertionError(f"{what}: rank {run.rank}'s loss in step {step + 1} is {got!r}, expected "
-                         f"{want:.12g}, "
+    raise AssertionError(f"{what}: rank {run.rank}'s loss in step {step + 1} is {number(got)}, expected "
+                         f"{number(want)}, "
                          f"the loss of replica {replica}'s rows (batch.tensor_split(dp)[{replica}], the "
                          "same rows "
                          f"on every rank of the replica){hint}")
@@ -511,7 +492,7 @@ def expect_plan_refused(outcome, model, cluster, what):
     import re
 
     if "error" not in outcome:
-        raise AssertionError(f"{what} returned {outcome['result']!r}; nothing fits in "
+        raise AssertionError(f"{what} returned {describe(outcome['result'])}; nothing fits in "
                              f"{cluster['memory'] / 1e9:g} GB per GPU: it should raise a ValueError")
     if outcome["error"] != "ValueError":
         raise AssertionError(f"{what} raised {outcome['error']}: {outcome['message']}; expected a ValueError")

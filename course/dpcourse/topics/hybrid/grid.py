@@ -78,7 +78,7 @@ def mesh_grid(dp, tp, pp=1, device_type=None, timeout=None):
     import torch.distributed.distributed_c10d as c10d
     from torch.distributed.device_mesh import init_device_mesh
 
-    from dpcourse.runtime.backend import rank_device
+    from dpcourse.backend import rank_device
 
     check_sizes(dp, pp, tp, dist.get_world_size())
     device_type = device_type or rank_device().type
@@ -97,3 +97,22 @@ def mesh_grid(dp, tp, pp=1, device_type=None, timeout=None):
 def layout(dp, pp, tp):
     """The grid as init_device_mesh lays it out: layout(dp, pp, tp)[d, p, t] is a world rank."""
     return torch.arange(dp * pp * tp).view(dp, pp, tp)
+
+
+def axis_groups(dp, pp, tp, axis):
+    """Every group along `axis` of a (dp, pp, tp) grid, as lists of world ranks (DeviceMesh's cut)."""
+    mesh = layout(dp, pp, tp)
+    dim = AXES.index(axis)
+    return [row.tolist() for row in mesh.movedim(dim, -1).reshape(-1, mesh.shape[dim])]
+
+
+def expected_grid(dp, tp, pp=1):
+    """Per world rank: {"coords": {axis: index}, "members": {axis: world ranks of its group}}."""
+    mesh = layout(dp, pp, tp)
+    out = []
+    for rank in range(mesh.numel()):
+        position = [int(i) for i in (mesh == rank).nonzero()[0]]
+        coords = dict(zip(AXES, position, strict=True))
+        members = {axis: next(g for g in axis_groups(dp, pp, tp, axis) if rank in g) for axis in AXES}
+        out.append({"coords": coords, "members": members})
+    return out

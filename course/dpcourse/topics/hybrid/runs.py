@@ -36,9 +36,9 @@ import torch.distributed as dist
 
 from dpcourse.comm.calls import WAITED
 from dpcourse.comm.recorder import CommOp, CommRecorder
+from dpcourse.grading.routed import BACKEND as ROUTED
 from dpcourse.runtime.inside_rank import to_cpu
 from dpcourse.runtime.launcher import launch, observed_traffic
-from dpcourse.runtime.routed import BACKEND as ROUTED
 from dpcourse.runtime.timeouts import TIMEOUTS
 from dpcourse.topics.hybrid.grid import AXES, mesh_grid
 from dpcourse.topics.hybrid.models import dp_pp_model, dp_tp_model, tensor_parallel_copy

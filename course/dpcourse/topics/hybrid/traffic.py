@@ -21,12 +21,8 @@ The bytes handed to each collective are the same whatever N; what N changes is h
 them each rank sends. Used by notebook 09 (its tests and its traffic tables).
 """
 
-from dpcourse.topics.collectives.costmodel import messages_and_bytes
-
-
-def ring(nbytes, ranks):
-    """Bytes one rank sends in a ring all-reduce of nbytes over `ranks` ranks."""
-    return messages_and_bytes("ring", nbytes, ranks)[1]
+from dpcourse.comm.volume import ring_bytes, ring_traffic
+from dpcourse.topics.hybrid.grid import expected_grid
 
 
 def local_parameters(d_in, d_model, d_hidden, d_out, blocks, tp, bias=True):
@@ -47,18 +43,18 @@ def dp_tp_bytes(model, batch_rows, dp, tp, element_size=8):
     n_local = local_parameters(model.get("d_in", 6), d_model, model.get("d_hidden", 16),
                                model.get("d_out", 3),
                                blocks, tp, model.get("bias", True))
-    return {"tp": 2 * blocks * ring(activation, tp), "dp": ring(n_local * element_size, dp)}
+    return {"tp": 2 * blocks * ring_traffic(activation, tp)[1],
+            "dp": ring_traffic(n_local * element_size, dp)[1]}
 
 
 def dp_pp_bytes(width, stage_params, batch_rows, dp, pp, n_micro, stage, element_size=8):
     """{"pp": bytes, "dp": bytes} one rank (stage `stage` of pp) sends per step of hybrid_dp_pp_step."""
     message = batch_rows // dp // n_micro * width * element_size
     messages = n_micro * ((stage < pp - 1) + (stage > 0))
-    return {"pp": messages * message, "dp": ring(stage_params * element_size, dp)}
+    return {"pp": messages * message, "dp": ring_traffic(stage_params * element_size, dp)[1]}
 
 
 def _sent(ops, group):
-    from dpcourse.comm.volume import ring_bytes
 
     if len(group) < 2:
         return 0.0
@@ -67,7 +63,6 @@ def _sent(ops, group):
 
 def print_dp_tp_traffic(case_runs, case):
     """Per rank, the bytes its first step sent on its tp and dp groups, next to dp_tp_bytes."""
-    from dpcourse.topics.hybrid.checks import expected_grid
     from dpcourse.topics.hybrid.runs import raise_failure
 
     raise_failure(case_runs)
@@ -88,7 +83,6 @@ def print_dp_tp_traffic(case_runs, case):
 
 def print_dp_pp_traffic(case_runs, case):
     """Per rank, the bytes its first step sent to its pipeline neighbours and on its dp group."""
-    from dpcourse.topics.hybrid.checks import expected_grid
     from dpcourse.topics.hybrid.models import dp_pp_model
     from dpcourse.topics.hybrid.runs import raise_failure
 

@@ -25,7 +25,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from dpcourse.runtime.backend import rank_device
+from dpcourse.backend import rank_device
 from dpcourse.topics.pipeline.stages import make_stage
 from dpcourse.toys.models import loss_fn as mse_loss
 

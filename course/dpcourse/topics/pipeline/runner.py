@@ -43,8 +43,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dpcourse.backend import rank_device
 from dpcourse.comm.calls import GROUP_TIMEOUT, Prepared, run_cases
-from dpcourse.runtime.backend import rank_device
 from dpcourse.topics.pipeline.stages import boundary_widths, check_cuts, make_stage
 from dpcourse.toys.models import loss_fn as mse_loss
 

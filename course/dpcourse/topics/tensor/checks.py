@@ -19,11 +19,11 @@ group is the whole world, a weight slice that belongs to another rank.
 
 import torch
 
-from dpcourse.checks.core import describe, ratio_hint
+from dpcourse.checks.core import TOLERANCES, describe, number, ratio_hint
 from dpcourse.topics.tensor.runs import BUILDERS
 from dpcourse.topics.tensor.shards import column_shard, locate_slices, row_shard
 
-ATOL, RTOL = 1e-10, 1e-8  # float64: an exact algorithm agrees to ~1e-15
+ATOL, RTOL = TOLERANCES["float64 exact"]  # an exact algorithm agrees to ~1e-15
 
 # Where each parameter of a tensor-parallel module lives: "column" (rows of W, dim 0), "row"
 # (columns of W, last dim) or "replicated" (every rank holds all of it).
@@ -448,5 +448,5 @@ def expect_training(runs, case, layout, what, forward=None, backward=None, rule=
             raise AssertionError(min(mismatches, key=lambda m: m[0])[1])
         for step, (got, want) in enumerate(zip(run.losses, losses, strict=True)):
             if abs(got - want) > 1e-9 * max(1.0, abs(want)):
-                raise AssertionError(f"{where}: the loss of step {step} is {got:.12g}, expected {want:.12g} "
-                                     f"(the unsharded module trained on the same batches)")
+                raise AssertionError(f"{where}: the loss of step {step} is {number(got)}, expected "
+                                     f"{number(want)} (the unsharded module trained on the same batches)")

@@ -14,10 +14,7 @@ all-reduce of S bytes on N ranks sends 2(N - 1)/N · S per rank (notebook 04).
 Used by notebook 08 (its written answer and the measurement of your MLP's traffic).
 """
 
-
-def ring_bytes(nbytes, ranks):
-    """Bytes each rank sends in a ring all-reduce of `nbytes` over `ranks` ranks."""
-    return 2 * (ranks - 1) / ranks * nbytes
+from dpcourse.comm.volume import ring_traffic
 
 
 def layer_traffic(batch, seq, d_model, tp, dp, element_size=2):
@@ -28,8 +25,8 @@ def layer_traffic(batch, seq, d_model, tp, dp, element_size=2):
     gradients = params_per_gpu * element_size
     return {
         "tp_all_reduces": 4, "tp_all_reduce_bytes": activation,
-        "tp_bytes_sent": 4 * ring_bytes(activation, tp),
-        "dp_all_reduce_bytes": gradients, "dp_bytes_sent": ring_bytes(gradients, dp),
+        "tp_bytes_sent": 4 * ring_traffic(activation, tp)[1],
+        "dp_all_reduce_bytes": gradients, "dp_bytes_sent": ring_traffic(gradients, dp)[1],
     }
 
 
@@ -62,7 +59,7 @@ def print_measured_vs_formula(step, tokens, d_model, element_size, tp):
           f"{'sent per rank (ring)':>20}")
     for direction, op, count, nbytes in measured_traffic(step):
         print(f"{direction:>9} {op:>12} {count:>6} {nbytes:>13} {formula:>8}   "
-              f"{ring_bytes(nbytes, tp):>20.0f}")
+              f"{ring_traffic(nbytes, tp)[1]:>20.0f}")
     print(f"formula: one all-reduce of tokens x d_model x {element_size} B = {tokens} x {d_model} x "
           f"{element_size} = {formula} B per direction; a ring sends 2(T - 1)/T of it = "
-          f"{ring_bytes(formula, tp):.0f} B per rank at T = {tp}")
+          f"{ring_traffic(formula, tp)[1]:.0f} B per rank at T = {tp}")

@@ -20,7 +20,7 @@ import math
 import torch
 from torch import nn
 
-from dpcourse.runtime.backend import rank_device
+from dpcourse.backend import rank_device
 
 
 def _seeded(build, seed, dtype, device):

@@ -28,8 +28,8 @@ from contextlib import contextmanager
 
 import torch.distributed as dist
 
+from dpcourse.backend import rank_device
 from dpcourse.comm.recorder import CommRecorder
-from dpcourse.runtime.backend import rank_device
 from dpcourse.topics.tensor.runs import BUILDERS, make_groups
 
 

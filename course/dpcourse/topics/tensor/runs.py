@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from dpcourse.backend import rank_device
 from dpcourse.comm.recorder import CommOp, CommRecorder
-from dpcourse.runtime.backend import rank_device
 from dpcourse.runtime.inside_rank import to_cpu
 from dpcourse.runtime.launcher import launch, observed_traffic
 from dpcourse.runtime.timeouts import TIMEOUTS

@@ -17,7 +17,7 @@ import statistics
 import torch
 import torch.distributed as dist
 
-from dpcourse.runtime.backend import rank_device
+from dpcourse.backend import rank_device
 from dpcourse.runtime.launcher import launch
 from dpcourse.runtime.timing import interleaved_step_times
 from dpcourse.topics.ddp.bench import paired_ratios, training_step

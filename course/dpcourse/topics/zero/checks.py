@@ -16,9 +16,9 @@ import math
 
 import torch
 
-from dpcourse.checks.core import describe, ratio_hint
+from dpcourse.checks.core import TOLERANCES, describe, number, ratio_hint
 from dpcourse.checks.params import expect_same_state
-from dpcourse.comm.volume import bytes_sent, volume_by_op
+from dpcourse.comm.volume import bytes_sent, ring_traffic, volume_by_op
 from dpcourse.reference.flat import element_name, flat, single_process_run
 from dpcourse.reference.gradients import single_process_gradients
 from dpcourse.reference.splits import chunk_bounds
@@ -26,7 +26,7 @@ from dpcourse.topics.zero.runs import run_data
 from dpcourse.topics.zero.units import most_unsharded
 from dpcourse.toys.data import my_share
 
-ATOL = 1e-9  # float64: a correct run agrees with the reference to ~1e-15
+ATOL = TOLERANCES["float64 absolute"][0]  # a correct run agrees with the reference to ~1e-15
 
 
 def _close(a, b, atol=ATOL):
@@ -94,8 +94,8 @@ def expect_trained_parameters(got, ref, start_flat, bounds, rank, what, steps):
     raise AssertionError(
         f"rank {rank}: {what}: after {steps} AdamW steps, {len(wrong)} of {want.numel()} parameter elements "
         f"differ from one process trained on the same global batches, e.g. {element_name(names, first)} "
-        f"(element {first}, in rank {owners[0]}'s shard) is {got[first].item():.10g}, expected "
-        f"{want[first].item():.10g}")
+        f"(element {first}, in rank {owners[0]}'s shard) is {number(got[first].item())}, expected "
+        f"{number(want[first].item())}")
 
 
 # --------------------------------------------------------------------------- 1. ShardedOptimizer
@@ -342,8 +342,8 @@ def _expect_fsdp_group(results, members, layout, model, seed, steps, per_rank, w
             raise AssertionError(
                 f"{what}: after {steps} AdamW steps, unit {name}'s shards differ from one process "
                 f"trained on the same global batches in {len(wrong)} of {hi - lo} elements, e.g. "
-                f"{element_name(ref['names'], index)} is {assembled[wrong[0]].item():.10g}, expected "
-                f"{want[wrong[0]].item():.10g}")
+                f"{element_name(ref['names'], index)} is {number(assembled[wrong[0]].item())}, expected "
+                f"{number(want[wrong[0]].item())}")
     for result, rank in zip(results, members, strict=True):
         for name, value in result["frozen"].items():
             if not torch.equal(value.cpu(), ref["state"][name].cpu()):
@@ -405,7 +405,7 @@ def _expect_fsdp_traffic(result, rank, n, layout, element, what, steps):
     total = sum(sum(k for _, k in params) for _, params in layout) * element
     sent, by_op = _per_step(result["ops"], n, steps)
     if sent > limit + 0.5:
-        ideal = (n - 1) / n * total
+        ideal = ring_traffic(total, n, phases=1)[1]
         raise AssertionError(
             f"rank {rank}: {what} sent {sent:.0f} bytes per step ({by_op}) = {sent / ideal:.2f}(N-1)/N·S, "
             f"expected 3(N-1)/N·S = {3 * ideal:.0f} (padded: {limit}): one all-gather per unit in "

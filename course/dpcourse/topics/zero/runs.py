@@ -20,13 +20,13 @@ from the whole global batch on each rank), so every call on the wire is the lear
 import torch
 import torch.distributed as dist
 
+from dpcourse.backend import rank_device
 from dpcourse.comm import calls
 from dpcourse.comm.calls import plain_ops as plain
 from dpcourse.comm.recorder import CommRecorder
 from dpcourse.reference.flat import flat, trainable
 from dpcourse.reference.gradients import state_of
 from dpcourse.reference.splits import chunk_bounds
-from dpcourse.runtime.backend import rank_device
 from dpcourse.topics.zero.memory import held_bytes, optimizer_summary
 from dpcourse.topics.zero.units import UnitRecorder
 from dpcourse.toys.data import global_batch, my_share, smooth_regression_data

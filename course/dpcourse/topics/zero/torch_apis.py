@@ -22,9 +22,9 @@ What they do (torch 2.13, read from the installed source):
 import torch
 import torch.distributed as dist
 
+from dpcourse.backend import rank_device
 from dpcourse.comm.recorder import CommRecorder
 from dpcourse.reference.gradients import state_of
-from dpcourse.runtime.backend import rank_device
 from dpcourse.topics.zero.memory import optimizer_summary
 from dpcourse.topics.zero.runs import (
     LR,

@@ -1,0 +1,1 @@
+"""The grader side of 02_dataparallel."""

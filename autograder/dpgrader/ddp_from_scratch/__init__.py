@@ -1,0 +1,1 @@
+"""The grader side of 05_ddp_from_scratch."""

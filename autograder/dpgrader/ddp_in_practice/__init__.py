@@ -1,0 +1,1 @@
+"""The grader side of 06_ddp_in_practice."""

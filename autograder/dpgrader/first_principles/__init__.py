@@ -1,0 +1,1 @@
+"""The grader side of 01_first_principles."""

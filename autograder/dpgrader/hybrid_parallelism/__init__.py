@@ -1,0 +1,1 @@
+"""The grader side of 09_hybrid_parallelism."""

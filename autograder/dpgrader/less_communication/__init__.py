@@ -1,0 +1,1 @@
+"""The grader side of 11_less_communication."""

@@ -1,0 +1,1 @@
+"""The grader side of 07_pipeline_parallelism."""

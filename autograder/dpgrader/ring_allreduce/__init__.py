@@ -1,0 +1,1 @@
+"""The grader side of 04_ring_allreduce."""

@@ -1,0 +1,1 @@
+"""The grader side of 10_zero_and_fsdp."""
