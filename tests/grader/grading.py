@@ -27,6 +27,10 @@ VOLATILE = [
     # which rank's failure the launcher saw first (the others are listed after it)
     (re.compile(r"\brank \d+ of (\d+) (raised|was killed|gave up)"), r"rank <r> of \1 \2"),
     (re.compile(r"\(so did ranks? [\d, and]+\)"), "(so did <ranks>)"),
+    # when every rank raised, which one the launcher saw first varies, and with it where the message
+    # says it raised
+    (re.compile(r"^(LaunchError: rank <r> of .*?)\bon rank \d+(, stage \d+)?"),
+     lambda m: m.group(1) + "on rank <r>" + (", stage <s>" if m.group(2) else "")),
 ]
 # What the table does not compare even in stable cells: whether the other ranks had failed the same way
 # before the launcher stopped them ("(so did ...)"), and the line of a loop at which a spinning rank
@@ -40,7 +44,7 @@ NUMBER = re.compile(r"(?<![\w.])-?\d+\.\d+(?:e[-+]?\d+)?(?![\w.])")
 def comparable(value):
     if not isinstance(value, str):
         return value
-    for pattern, replacement in LOOSE:
+    for pattern, replacement in VOLATILE + LOOSE:
         value = pattern.sub(replacement, value)
     return NUMBER.sub(lambda m: f"{float(m.group()):.6g}", value)
 

@@ -88,8 +88,11 @@ def test_exercise_index_and_readme_table_are_fresh():
         "assignment": "00_orientation", "notebook": "solutions/00_orientation/00_orientation.ipynb",
         "kind": "code", "solution": "my_slice", "tests": ["test_my_slice_basic", "test_my_slice_edge_cases"],
         "points": 3.0, "function": "my_slice", "signature": "my_slice(data)",
-        "hidden_checks": ["dpgrader.orientation.checks.check_my_slice"],
-        "helpers": ["dpcourse.checks.ranks", "dpcourse.runtime.launcher"]}
+        "grader": "autograder/dpgrader/orientation/",
+        "hidden_checks": ["dpgrader.orientation.checks.check_my_slice"], "tuned": None,
+        "expected_grades": "autograder/dpgrader/orientation/expected_grades.json",
+        "helpers": ["dpcourse.checks.ranks", "dpcourse.runtime.launcher"],
+        "demos": ["dpcourse.runtime.launcher", "dpcourse.viz.colours"]}
     assert first["reference"], first
 
 

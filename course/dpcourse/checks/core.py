@@ -77,7 +77,10 @@ def shorten(values, limit=8, fmt=repr, more="count", total=None):
 def number(value):
     """A number as a person reads it: floats to 6 significant digits (enough to see what is wrong,
     and the same from run to run: a sum taken in another order changes only the last digits)."""
-    return f"{value:.6g}" if isinstance(value, float) else repr(value)
+    if not isinstance(value, float):
+        return repr(value)
+    text = f"{value:.6g}"
+    return text if any(c in text for c in ".einf") else text + ".0"  # 4.0, not 4: still a float
 
 
 def describe(value, limit=8):
