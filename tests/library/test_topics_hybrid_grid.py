@@ -7,13 +7,8 @@ import torch
 import torch.distributed as dist
 
 from dpcourse import launch
-from dpcourse.topics.hybrid.checks import (
-    axis_groups,
-    expect_bad_sizes_refused,
-    expect_grid,
-    expected_grid,
-)
-from dpcourse.topics.hybrid.grid import AXES, Grid, check_sizes, layout, mesh_grid
+from dpcourse.topics.hybrid.checks import expect_bad_sizes_refused, expect_grid
+from dpcourse.topics.hybrid.grid import AXES, Grid, axis_groups, check_sizes, expected_grid, layout, mesh_grid
 from dpcourse.topics.hybrid.runs import ORDER_RULE, run_grid_cases
 from dpgrader.hybrid_parallelism.tuned import make_grid_groups
 
