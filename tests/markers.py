@@ -51,6 +51,11 @@ class MarkList(list):
         return function
 
 
+def assignment_param(assignment):
+    """A test about a whole assignment (its notebook run, validated, released), tagged with its chapter."""
+    return pytest.param(assignment, marks=chapter(assignment.split("_", 1)[1]), id=assignment)
+
+
 def exercise_param(assignment, key):
     """One grading test per exercise; the tests of one assignment run on one xdist worker (they share
     the judge's run of the assignment: --dist loadgroup)."""

@@ -11,14 +11,17 @@ from dpgrader.ddp_from_scratch.checks import (
     explain_sampler_shards,
 )
 from dpgrader.ddp_from_scratch.tuned import ReferenceDDP
+from markers import exercise
 
 
+@exercise("bucketed_ddp", "distributed_optimizer")
 def test_bucket_and_fusion_rules_give_the_notebooks_examples():
     model = deep_mlp()
     assert expected_buckets(model, 600) == [2448, 2176, 2176, 1152]
     assert expected_fusion(list(model.parameters()), 2200) == [1152, 2176, 2176, 2176, 272]
 
 
+@exercise("shard_sampler")
 def test_sampler_properties_are_explained():
     explain_sampler_shards([[0, 4, 8], [1, 5, 9], [2, 6, 0], [3, 7, 1]], 10, False, "ok")
     with pytest.raises(AssertionError, match="rank 2 gets 2 indices, expected 3"):
@@ -29,5 +32,6 @@ def test_sampler_properties_are_explained():
         explain_sampler_shards([[0, 4, 8], [1, 1, 9], [3, 6, 0], [3, 7, 1]], 10, False, "rank seeds")
 
 
+@exercise("bucketed_ddp")
 def test_the_reference_bucketed_ddp_passes_the_hidden_checks():
     check_bucketed_ddp(ReferenceDDP)

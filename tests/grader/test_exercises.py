@@ -1,6 +1,9 @@
 """autograder/exercises.json: every exercise has what docs/authoring.md asks of it, found by its key."""
 
 import json
+import os
+import subprocess
+import sys
 
 from conftest import REPO
 
@@ -61,3 +64,62 @@ def test_every_tuned_version_named_in_the_index_exists():
             if not hasattr(importlib.import_module(module), name):
                 wrong.append(f"{e['solution']}: {e['tuned']} does not exist")
     assert not wrong, "\n".join(wrong)
+
+
+# Code exercises whose key selects nothing but their grading test (test_grading.py's
+# test_exercise_graded[<key>]), each with why: the list is reviewed, and shrinks as their tests come.
+ONLY_GRADED = {
+    "global_mean": "its test cells use only shared checks (checks.ranks); no tuned version or widget",
+    "ring_shift": "its checks (topics.collectives.checks.expect_from, expect_new_tensor, "
+                  "expect_unchanged) have no library test",
+    "naive_all_reduce": "expect_same_bits has no library test; the bench's naive all-reduce "
+                        "(ring_allreduce/tuned.py) is a grader-side rewrite, not this exercise's code",
+    "p2p_broadcast": "its checks (expect_from, comm.traffic.expect_tree_messages) have no library test",
+    "p2p_all_gather": "its check (topics.collectives.checks.expect_gathered) has no library test",
+    "broadcast_model": "its test cells use only shared checks (checks.params.expect_same_state) and toys",
+}
+
+# A pytest plugin for the collection below: every collected test's marker names, as JSON.
+COLLECTED_MARKERS = '''
+import json
+import os
+
+
+def pytest_collection_finish(session):
+    marks = {item.nodeid: sorted({mark.name for mark in item.iter_markers()}) for item in session.items}
+    with open(os.environ["DPCOURSE_COLLECTED_MARKERS"], "w") as f:
+        json.dump(marks, f)
+'''
+
+
+def collected_markers(folder):
+    """{test id: its marker names} of every test `pytest` collects (in a separate pytest, collection only)."""
+    (folder / "collected_markers.py").write_text(COLLECTED_MARKERS)
+    out = folder / "markers.json"
+    env = dict(os.environ, DPCOURSE_COLLECTED_MARKERS=str(out),
+               PYTHONPATH=os.pathsep.join([str(folder), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                           "-p", "collected_markers"], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, f"collecting the tests failed:\n{proc.stdout[-3000:]}{proc.stderr[-2000:]}"
+    return json.loads(out.read_text())
+
+
+def test_every_code_exercise_selects_tests_besides_its_grading(tmp_path):
+    """`pytest -m <key>` runs an exercise's grading and the tests of its checks, reference, tuned version and
+    widgets (tests/markers.py); a code exercise whose key finds only its grading test is listed above."""
+    marks = collected_markers(tmp_path)
+    keys = [e["solution"] for e in CODE]
+    grading = {key: f"tests/grader/test_grading.py::test_exercise_graded[{key}]" for key in keys}
+    ungraded = [key for key in keys if key not in marks.get(grading[key], [])]
+    assert not ungraded, f"no grading test tagged with these keys: {ungraded}"
+    others = {key: [test for test, names in marks.items() if key in names and test != grading[key]]
+              for key in keys}
+    lacking = [key for key in keys if not others[key] and key not in ONLY_GRADED]
+    assert not lacking, (f"`pytest -m <key>` finds only the grading test of {lacking}: tag the tests of "
+                         f"their checks, reference, tuned version and widgets with `exercise(...)` "
+                         f"(tests/markers.py), or list them in ONLY_GRADED with why")
+    stale = {key: others[key][:3] for key in ONLY_GRADED if others.get(key)}
+    assert not stale, f"ONLY_GRADED lists exercises whose key selects more than their grading test: {stale}"
+    unknown = sorted(set(ONLY_GRADED) - set(keys))
+    assert not unknown, f"ONLY_GRADED names no code exercise of autograder/exercises.json: {unknown}"

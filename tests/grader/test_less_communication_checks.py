@@ -24,6 +24,7 @@ from dpgrader.less_communication.checks import (
     simulate_topk,
 )
 from dpgrader.less_communication.tuned import TunedPowerSGDState, tuned_powersgd_hook
+from markers import exercise
 
 pytestmark = pytest.mark.usefixtures("no_orphans")
 
@@ -39,6 +40,7 @@ def _sgd(steps, per_rank, world_size, seed):
     return state_of(net)
 
 
+@exercise("topk_all_reduce")
 def test_topk_simulation_sends_everything_when_k_is_n_and_keeps_what_it_did_not_send():
     grads = dyadic_gradients(2, 3, 10, seed=1)
     for _, residuals in simulate_topk(grads, 10):
@@ -53,6 +55,7 @@ def test_topk_simulation_sends_everything_when_k_is_n_and_keeps_what_it_did_not_
                 assert torch.equal(residuals[rank] + (grads[rank][0] - residuals[rank]), grads[rank][0])
 
 
+@exercise("topk_all_reduce")
 def test_topk_simulation_without_error_feedback_forgets():
     grads = [[torch.tensor([3.0, 2.0, 0.5])] * 3]
     with_memory = [a for a, _ in simulate_topk(grads, 1)]
@@ -61,6 +64,7 @@ def test_topk_simulation_without_error_feedback_forgets():
     assert torch.equal(sum(with_memory), torch.tensor([9.0, 4.0, 0.0]))  # 2 + 2 sent at step 1
 
 
+@exercise("powersgd_hook")
 def test_powersgd_simulation_with_nothing_compressed_is_sgd():
     expected = _sgd(3, 4, 2, seed=0)
     got = simulate_powersgd(TASK_MODEL, 0, 3, 4, 2, matrix_rank=16)["state"]
@@ -71,6 +75,7 @@ def test_powersgd_simulation_with_nothing_compressed_is_sgd():
     assert int(torch.linalg.matrix_rank(fc1)) == 1
 
 
+@exercise("local_sgd")
 def test_local_sgd_simulation_with_h1_is_sgd_and_drifts_otherwise():
     expected = _sgd(4, 2, 3, seed=2)
     for replica in simulate_local_sgd(TASK_MODEL, 2, 4, 2, 3, H=1):
@@ -80,12 +85,14 @@ def test_local_sgd_simulation_with_h1_is_sgd_and_drifts_otherwise():
     assert _max_difference(simulate_local_sgd(TASK_MODEL, 2, 3, 2, 3, H=3)[1], expected) > 1e-6
 
 
+@exercise("async_sgd")
 def test_async_simulation_with_no_delay_is_sgd_and_a_delay_changes_it():
     expected = _sgd(5, 4, 1, seed=3)
     assert _max_difference(simulate_async(TASK_MODEL, 3, 5, 4, delay=0), expected) < 1e-12
     assert _max_difference(simulate_async(TASK_MODEL, 3, 5, 4, delay=2), expected) > 1e-6
 
 
+@exercise("powersgd_hook")
 def test_tuned_powersgd_hook_passes_the_hidden_check():
     check_powersgd_hook(tuned_powersgd_hook, TunedPowerSGDState)
 
@@ -100,6 +107,7 @@ class ForgetfulState(TunedPowerSGDState):
         return super().layout(bucket)
 
 
+@exercise("powersgd_hook")
 def test_a_hook_that_loses_its_errors_at_the_bucket_rebuild_is_refused():
     with pytest.raises(AssertionError, match="the error ignores the previous one"):
         check_powersgd_hook(tuned_powersgd_hook, ForgetfulState)

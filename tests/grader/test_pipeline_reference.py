@@ -27,6 +27,7 @@ from dpgrader.pipeline_parallelism.checks import (
     reference_one_f_one_b,
 )
 from dpgrader.pipeline_parallelism.tuned import TunedOneFOneB
+from markers import exercise
 
 pytestmark = pytest.mark.usefixtures("no_orphans")
 
@@ -40,6 +41,7 @@ def data(rows):
                                                                              dtype=torch.float64)
 
 
+@exercise("one_f_one_b")
 @pytest.mark.parametrize("p", [2, 3, 4])
 def test_the_reference_1f1b_order_is_what_torchs_schedule1f1b_executes(p):
     cases = [PipelineCase(MODEL, CUTS[p], *data(m), n_micro=m) for m in range(p, p + 3)]
@@ -54,6 +56,7 @@ def tuned_step(stage, batch, targets, loss_fn, n_micro):
     return TunedOneFOneB(stage, loss_fn, n_micro)(batch, targets)
 
 
+@exercise("run_schedule")
 def test_the_tuned_executor_is_a_correct_1f1b():
     cases = [PipelineCase(MODEL, CUTS[p], *data(2 * m), n_micro=m, placement=list(range(p))[::-1])
              for p, m in ((2, 1), (3, 5), (4, 6))]
@@ -69,6 +72,7 @@ def gpipe_order(n_stages, n_micro, stage):
     return [("F", i) for i in range(n_micro)] + [("B", i) for i in range(n_micro)]
 
 
+@exercise("one_f_one_b", "partition_layers")
 def test_the_hidden_checks_refuse_wrong_answers_by_name():
     with pytest.raises(AssertionError, match=r"one_f_one_b\(1, 2, 0\) returned F0 F1 B0 B1, expected "
                                              r"F0 B0 F1 B1: 0 warm-up forward\(s\)"):

@@ -15,8 +15,11 @@ from dpgrader.tensor_parallelism.checks import (
     check_tensor_parallel_attention,
     check_tensor_parallel_mlp,
 )
+from markers import exercise
 
 
+@exercise("copy_to_tp", "reduce_from_tp", "gather_from_tp", "column_parallel_linear", "row_parallel_linear",
+          "tensor_parallel_mlp", "tensor_parallel_attention")
 def test_the_reference_layers_pass_every_hidden_check():
     check_copy_to_tp(tp.copy_to_tp)
     check_reduce_from_tp(tp.reduce_from_tp)
@@ -37,6 +40,7 @@ class RowSlicedByWorldRank(tp.RowParallelLinear):
         self.weight = nn.Parameter(linear.weight.detach()[:, r * cols:(r + 1) * cols].clone())
 
 
+@exercise("row_parallel_linear")
 def test_a_slice_taken_by_world_rank_is_caught_on_sub_groups():
     where = r"RowParallelLinear on 4 rank\(s\), groups \[\[0, 2\], \[1, 3\]\]"
     with pytest.raises(AssertionError, match=where + ".*holds weight"):
@@ -67,6 +71,7 @@ class CopyToTP(torch.autograd.Function):
 '''
 
 
+@exercise("copy_to_tp")
 @pytest.mark.slow
 def test_a_collective_hidden_from_the_recorder_is_caught_by_the_graders_router(tmp_path):
     import json

@@ -14,10 +14,12 @@ from dpcourse.topics.zero.checks import expect_fsdp, expect_zero1
 from dpcourse.topics.zero.runs import fsdp_run, launch_run, zero1_run
 from dpgrader.zero_and_fsdp.checks import check_mini_fsdp, check_sharded_optimizer
 from dpgrader.zero_and_fsdp.tuned import TunedMiniFSDP, TunedShardedOptimizer
+from markers import exercise
 
 pytestmark = pytest.mark.usefixtures("no_orphans")
 
 
+@exercise("sharded_optimizer")
 def test_tuned_sharded_optimizer_passes_the_checks():
     for world_size in (2, 3):  # 994 elements: N divides S (weights in the gathered buffer), then not
         results = launch_run(zero1_run, world_size, TunedShardedOptimizer, "deep_mlp", 1, 3, 2)
@@ -25,6 +27,7 @@ def test_tuned_sharded_optimizer_passes_the_checks():
     check_sharded_optimizer(TunedShardedOptimizer)
 
 
+@exercise("mini_fsdp")
 def test_tuned_mini_fsdp_passes_the_checks():
     results = launch_run(fsdp_run, 3, TunedMiniFSDP, "deep_mlp", 4, 2, 2)
     expect_fsdp(results, "deep_mlp", 4, 2, 2, what="TunedMiniFSDP")
@@ -46,6 +49,7 @@ class NeverFreedMiniFSDP(TunedMiniFSDP):
         pass
 
 
+@exercise("mini_fsdp")
 @pytest.mark.parametrize(("cls", "message"), [(SummingMiniFSDP, "2 times the average"),
                                               (NeverFreedMiniFSDP, "in forward: ZeRO-3 keeps at most 2")])
 def test_the_checks_refuse_a_broken_tuned_mini_fsdp(cls, message):

@@ -13,6 +13,7 @@ from dpcourse.comm.recorder import CommOp
 from dpcourse.comm.traffic import expect_ring_traffic
 from dpcourse.reference.splits import chunk_bounds
 from dpcourse.topics.collectives.checks import expect_all_reduced, expect_reduce_scattered
+from markers import exercise
 
 
 def shift(x, group=None):
@@ -102,6 +103,7 @@ def fake_calls(world, sends_per_rank):
     return calls
 
 
+@exercise("ring_reduce_scatter", "ring_all_gather", "ring_all_reduce")
 def test_ring_traffic_accepts_a_ring_and_names_the_overhead_of_a_whole_tensor_ring():
     def judge(world, sends, numel):
         expect_ring_traffic(fake_calls(world, sends), numel, element_size=4, phases=2, what="all-reduce")
@@ -116,6 +118,7 @@ def test_ring_traffic_accepts_a_ring_and_names_the_overhead_of_a_whole_tensor_ri
         judge(4, [500] * 8, 1000)
 
 
+@exercise("ring_reduce_scatter", "ring_all_reduce")
 def test_reduce_scatter_and_all_reduce_judgements_point_at_the_chunk():
     inputs = [torch.arange(4.0) * (r + 1) for r in range(2)]
     total = inputs[0] + inputs[1]

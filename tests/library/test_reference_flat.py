@@ -7,6 +7,9 @@ from dpcourse.reference.gradients import single_process_gradients
 from dpcourse.reference.training import train_single_process
 from dpcourse.toys.data import global_batch, smooth_regression_data
 from dpcourse.toys.models import deep_mlp, frozen_first_layer
+from markers import exercise
+
+pytestmark = exercise("sharded_optimizer", "reduce_scatter_gradients", "mini_fsdp")
 
 
 def test_a_run_matches_torch_step_by_step():

@@ -6,8 +6,10 @@ from torch import nn
 from dpcourse.reference.gradients import batch_norm, full_batch_gradient, parameter_names, sgd_steps
 from dpcourse.toys.data import spiral_data
 from dpcourse.toys.models import mlp
+from markers import exercise
 
 
+@exercise("data_parallel_gradient")
 def test_full_batch_gradient_is_float64_and_leaves_the_model_alone():
     model, (x, y) = mlp(2, 8, 3, seed=0), spiral_data(12, seed=0)
     before = [p.detach().clone() for p in model.parameters()]
@@ -19,6 +21,7 @@ def test_full_batch_gradient_is_float64_and_leaves_the_model_alone():
     assert all(p.grad is None for p in model.parameters())
 
 
+@exercise("simulated_dp_step", "allreduce_sgd_step")
 def test_sgd_steps_matches_torch_optim_sgd():
     model, (x, y) = mlp(2, 8, 3, seed=1), spiral_data(10, seed=1)
     expected = sgd_steps(model, nn.CrossEntropyLoss(), x, y, lr=0.3, steps=3)
@@ -32,6 +35,7 @@ def test_sgd_steps_matches_torch_optim_sgd():
         assert torch.allclose(p, e, atol=1e-12)
 
 
+@exercise("sync_batch_norm")
 def test_batch_norm_matches_functional_batch_norm_in_training_mode():
     x = torch.randn(7, 3) * 4 + 2
     weight, bias = torch.tensor([1.0, 0.5, 2.0]), torch.tensor([0.0, 1.0, -1.0])

@@ -8,6 +8,7 @@ from dpcourse.reference import mistakes
 from dpcourse.reference.gradients import batch_norm, full_batch_gradient
 from dpcourse.toys.data import spiral_data
 from dpcourse.toys.models import mlp
+from markers import exercise
 
 
 def shard_grads(model, loss_fn, x, y, world):
@@ -16,6 +17,7 @@ def shard_grads(model, loss_fn, x, y, world):
     return [(len(xs), torch.autograd.grad(loss_fn(model(xs), ys), params)) for xs, ys in pairs]
 
 
+@exercise("data_parallel_gradient")
 def test_gradient_bugs_are_named():
     model, (x, y), loss_fn = mlp(2, 8, 3, seed=2), spiral_data(10, seed=2), nn.CrossEntropyLoss()
     suspects = mistakes.gradient_mistakes(model, loss_fn, x, y, 4)
@@ -34,6 +36,7 @@ def test_gradient_bugs_are_named():
     assert known_mistake([r.float() for r in right], suspects) == ""
 
 
+@exercise("data_parallel_gradient")
 def test_stale_gradients_are_named():
     model, (x, y), loss_fn = mlp(2, 8, 3, seed=3), spiral_data(9, seed=3), nn.CrossEntropyLoss()
     stale = [torch.full_like(p, 7.0) for p in model.parameters()]
@@ -43,6 +46,7 @@ def test_stale_gradients_are_named():
     assert known_mistake(zeroed_after, suspects) == mistakes.STALE
 
 
+@exercise("sync_batch_norm")
 def test_batch_norm_bugs_are_named():
     g = torch.Generator().manual_seed(1)
     shards = [torch.randn(n, 2, generator=g) * 2 + n for n in (5, 1, 3)]

@@ -17,6 +17,7 @@ from dpcourse.runtime.cluster import AgentsFailed, free_port, run_agents, torchr
 from dpcourse.topics.ddp.checks import expect_same_state, read_checkpoint
 from dpcourse.toys.images import GeneratedImages
 from dpcourse.toys.smallcnn import SmallCNN
+from markers import exercise
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("no_orphans")]
 
@@ -48,12 +49,14 @@ def expect_single_process_result(folder, world_size, outputs):
     expect_same_state(checkpoint["model"], expected["model"], "the checkpoint written under torchrun")
 
 
+@exercise("train_ddp")
 def test_torchrun_standalone_two_workers_equal_single_process(tmp_path):
     command = torchrun_command(TARGET, options(tmp_path), nproc_per_node=2)
     outputs = run_agents([command], timeout=TIMEOUT, cwd=tmp_path)
     expect_single_process_result(tmp_path, 2, outputs)
 
 
+@exercise("train_ddp")
 def test_two_agents_c10d_rendezvous_on_loopback_equal_single_process(tmp_path):
     endpoint = f"127.0.0.1:{free_port()}"  # never assume 29500 is free
     run_id = f"test-{uuid.uuid4().hex[:8]}"  # the same job id on both agents

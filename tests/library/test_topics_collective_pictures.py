@@ -5,6 +5,7 @@ import torch
 
 from dpcourse.topics.collectives.pictures import COLLECTIVES, collect, draw
 from dpcourse.viz.colours import ranks_in
+from markers import chapter
 
 matplotlib.use("Agg")
 
@@ -15,6 +16,7 @@ def test_masks_name_the_contributing_ranks():
     assert ranks_in(16.0, 4) is None and ranks_in(2.5, 4) is None and ranks_in(0.0, 4) is None
 
 
+@chapter("collectives")
 def test_every_collective_runs_and_is_drawn():
     results = collect(3)
     values = {name: [r[name][0] for r in results] for name in COLLECTIVES}

@@ -4,8 +4,9 @@ import pytest
 import torch.distributed as dist
 
 from dpcourse.topics.compression.bench import compare_hooks, torch_state
+from markers import exercise
 
-pytestmark = pytest.mark.usefixtures("no_orphans")
+pytestmark = [pytest.mark.usefixtures("no_orphans"), *exercise("powersgd_hook")]
 
 
 class Stateless:

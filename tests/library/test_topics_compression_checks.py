@@ -16,6 +16,7 @@ from dpcourse.topics.compression.checks import (
     expect_topk_run,
 )
 from dpcourse.topics.compression.data import dyadic_gradients
+from markers import exercise
 
 
 def op(name, nbytes, peer=None, group=(0, 1)):
@@ -42,12 +43,14 @@ def topk_results(grads, k, residual_not_reset=False, no_feedback=False):
     return results
 
 
+@exercise("topk_compress")
 def test_topk_pair_accepts_the_k_largest_magnitudes_in_any_order():
     x = torch.tensor([0.5, -3.0, 2.0, 0.0], dtype=torch.float64)
     pair = (torch.tensor([2.0, -3.0], dtype=torch.float64), torch.tensor([2, 1], dtype=torch.int32))
     expect_topk_pair(pair, x, 2)
 
 
+@exercise("topk_compress")
 @pytest.mark.parametrize("values, indices, message", [
     ([2.0, 0.5], [2, 0], "those are the k largest values"),
     ([-3.0, 2.0], [1, 2], "expected torch.int32 (8 bytes per index instead of 4)"),
@@ -62,6 +65,7 @@ def test_topk_pair_names_the_mistake(values, indices, message):
         expect_topk_pair(got, x, 2)
 
 
+@exercise("topk_all_reduce")
 def test_topk_run_accepts_a_correct_run_and_names_each_mistake():
     grads = dyadic_gradients(3, 3, 20, seed=2)
     expect_topk_run(topk_results(grads, 4), grads, 4, exact=False)
@@ -76,6 +80,7 @@ def test_topk_run_accepts_a_correct_run_and_names_each_mistake():
         expect_topk_run(summed, grads, 4)
 
 
+@exercise("topk_compress", "topk_all_reduce")
 def test_bit_for_bit_means_bit_for_bit():
     a = torch.tensor([1.0, 2.0], dtype=torch.float64)
     expect_tensor(a.clone(), a, "x")
@@ -85,6 +90,7 @@ def test_bit_for_bit_means_bit_for_bit():
         expect_tensor(a.float(), a, "x")
 
 
+@exercise("topk_all_reduce")
 def test_topk_bytes():
     good = [{"ops": [op("all_gather", 24), op("all_gather", 12)]}]
     expect_topk_bytes(good, 3, 8, steps=1, numel=12)
@@ -98,6 +104,7 @@ SHAPES = {"fc0.weight": (16, 8), "fc0.bias": (16,), "fc1.weight": (16, 16), "fc1
           "head.weight": (2, 16), "head.bias": (2,)}
 
 
+@exercise("powersgd_hook")
 def test_powersgd_bytes_and_their_hints():
     right = [{"ops": [op("broadcast", 3600), op("all_reduce", 66 * 8), op("all_reduce", 64 * 8),
                       op("all_reduce", 48 * 8)]}]
@@ -109,6 +116,7 @@ def test_powersgd_bytes_and_their_hints():
         expect_powersgd_bytes([{"ops": [op("all_reduce", 3600)]}], SHAPES, 2, 8, steps=1)
 
 
+@exercise("local_sgd")
 def test_local_sgd_calls_and_their_hints():
     expect_local_sgd_calls([{"ops": [op("all_reduce", 3600)] * 2}], steps=6, H=3, param_bytes=3600, tensors=6)
     with pytest.raises(AssertionError, match="one per step"):
@@ -119,6 +127,7 @@ def test_local_sgd_calls_and_their_hints():
                                tensors=6)
 
 
+@exercise("async_sgd")
 def test_server_traffic_in_schedule_order():
     group = (0, 1, 2)
 

@@ -16,6 +16,7 @@ from dpcourse.topics.compression.curves import (  # noqa: E402
 )
 from dpcourse.topics.compression.pictures import plot_sent, relative_error, updated_coordinates  # noqa: E402
 from dpcourse.topics.compression.runs import build_model  # noqa: E402
+from markers import exercise  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("no_orphans")
 
@@ -38,6 +39,7 @@ def averaged_every_h(model, batches, lr, H):
             offset += p.numel()
 
 
+@exercise("powersgd_hook", "async_sgd")
 def test_full_all_reduce_and_local_sgd_on_the_same_task():
     methods = {"full": ("all_reduce", None, {}), "local H = 2": ("local_sgd", averaged_every_h, {"H": 2})}
     curves = compare_methods(methods, world_size=2, steps=4, per_rank=4)
@@ -51,6 +53,7 @@ def test_full_all_reduce_and_local_sgd_on_the_same_task():
     plot_loss_vs_bytes(curves, methods, steps=4)
 
 
+@exercise("topk_all_reduce")
 def test_sent_coordinates_and_the_error_of_the_summed_updates():
     averages = [torch.tensor([1.0, 0.0, 0.0]), torch.tensor([0.0, 0.0, 2.0])]
     assert updated_coordinates(averages) == 2

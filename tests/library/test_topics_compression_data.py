@@ -14,8 +14,10 @@ from dpcourse.topics.compression.data import (
     task_data,
     task_with_held_out,
 )
+from markers import chapter, exercise
 
 
+@exercise("topk_all_reduce")
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_sums_of_a_few_gradients_are_the_same_in_every_order(dtype):
     grads = dyadic_gradients(4, 4, 500, seed=5, dtype=dtype)
@@ -28,6 +30,7 @@ def test_sums_of_a_few_gradients_are_the_same_in_every_order(dtype):
     assert torch.equal(exact / 4, (exact / 4).to(dtype).double())
 
 
+@exercise("topk_all_reduce")
 def test_values_are_multiples_of_the_step_below_the_bound():
     for dtype, (bits, scale) in EXACT.items():
         x = dyadic_tensor(10_000, torch.Generator().manual_seed(0), dtype).double()
@@ -37,12 +40,14 @@ def test_values_are_multiples_of_the_step_below_the_bound():
         dyadic_tensor(3, torch.Generator(), torch.float16)
 
 
+@chapter("less_communication")
 def test_a_tie_at_the_k_boundary_is_seen():
     assert boundary_tie(torch.tensor([5.0, -3.0, 3.0, 1.0]), 2)
     assert not boundary_tie(torch.tensor([5.0, -3.0, 3.0, 1.0]), 1)
     assert not boundary_tie(torch.tensor([5.0, -3.0, 3.0, 1.0]), 4)
 
 
+@exercise("powersgd_hook", "local_sgd", "async_sgd")
 def test_held_out_rows_come_from_the_same_problem():
     X, Y, Xh, Yh = task_with_held_out(4, 8, 2, seed=1)
     assert X.shape == (64, 8) and Xh.shape == (256, 8)

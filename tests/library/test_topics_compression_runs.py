@@ -15,6 +15,7 @@ from dpcourse.topics.compression.runs import (
     powersgd_run,
     topk_run,
 )
+from markers import exercise
 
 pytestmark = pytest.mark.usefixtures("no_orphans")
 
@@ -26,6 +27,7 @@ def dense_mean(grad, residual, k):
     return total / dist.get_world_size(), torch.zeros_like(grad)
 
 
+@exercise("topk_all_reduce")
 def test_topk_run_returns_each_step_and_the_calls():
     grads = dyadic_gradients(2, 3, 5, seed=0)
     results = launch_run(topk_run, 2, dense_mean, grads, 2)
@@ -39,6 +41,7 @@ def unwritten(grad, residual, k):
     raise NotImplementedError()
 
 
+@exercise("topk_all_reduce", "powersgd_hook", "local_sgd", "async_sgd")
 def test_launch_run_names_the_learner_function_that_failed():
     with pytest.raises(AssertionError, match="unwritten on 2 rank"):
         launch_run(topk_run, 2, unwritten, dyadic_gradients(2, 1, 4), 1)
@@ -55,6 +58,7 @@ def allreduce_hook(state, bucket):
         lambda fut: fut.value()[0] / world_size)
 
 
+@exercise("powersgd_hook")
 def test_powersgd_run_reports_applied_and_local_gradients():
     results = launch_run(powersgd_run, 2, allreduce_hook, NoState, 1, TASK_MODEL, 0, 2, 2)
     for result in results:
@@ -76,6 +80,7 @@ def plain_sgd_then_average(model, batches, lr, H):
     dist.all_reduce(flat)
 
 
+@exercise("local_sgd")
 def test_local_sgd_run_gives_each_rank_its_share():
     results = launch_run(local_sgd_run, 2, plain_sgd_then_average, TASK_MODEL, 0, 3, 2, 3)
     assert not torch.equal(results[0]["state"]["fc0.weight"], results[1]["state"]["fc0.weight"])
@@ -90,12 +95,14 @@ def pings(model, batches, lr, delay):
         dist.recv(flat, 0)
 
 
+@exercise("async_sgd")
 def test_async_run_hands_every_rank_the_whole_schedule():
     results = launch_run(async_run, 2, pings, TASK_MODEL, 0, 5, 4, 1)
     assert [(o.op, o.nbytes) for o in results[0]["ops"]] == [("send", 20)]
     assert [o.op for o in results[1]["ops"]] == ["recv"]
 
 
+@exercise("powersgd_hook")
 def test_ddp_rebuilds_its_buckets_after_the_first_step():
     seen = launch_run(bucket_orders, 2, TASK_MODEL)[0]
     first = [names for step, _, names in seen if step == 0][0]
@@ -103,5 +110,6 @@ def test_ddp_rebuilds_its_buckets_after_the_first_step():
     assert first[0] == "fc0.weight" and later[0] == "head.bias" and sorted(first) == sorted(later)
 
 
+@exercise("local_sgd")
 def test_periodic_model_averager_averages_after_steps_1_then_every_period():
     assert launch_run(averager_steps, 2, 3, 7, TASK_MODEL)[0]["averaged_after"] == [1, 4, 7]

@@ -14,13 +14,16 @@ from dpcourse.topics.collectives.costmodel import (
     print_bandwidth,
     time_all_reduces,
 )
+from markers import chapter, exercise
 
 
+@exercise("ring_all_reduce")
 def test_busbw_follows_nccl_tests():
     assert busbw(1e9, 1.0, 2) == pytest.approx(1e9)
     assert busbw(1e9, 1.0, 8) == pytest.approx(1e9 * 14 / 8)
 
 
+@chapter("ddp_in_practice")
 def test_the_ring_sends_2_n_minus_1_over_n_of_s_whatever_n():
     for n in (2, 4, 8, 256):
         assert messages_and_bytes("ring", 100.0, n) == (2 * (n - 1), pytest.approx(200 * (n - 1) / n))
@@ -28,6 +31,7 @@ def test_the_ring_sends_2_n_minus_1_over_n_of_s_whatever_n():
     assert messages_and_bytes("ring", 100.0, 1) == (0, 0)
 
 
+@chapter("ring_allreduce", "ddp_in_practice")
 def test_predicted_times_order_the_algorithms_as_the_notebook_says():
     alpha, beta, size = 10e-6, 10e9, 102e6
     for n in (4, 8, 64):
@@ -39,12 +43,14 @@ def test_predicted_times_order_the_algorithms_as_the_notebook_says():
     assert predicted_time("tree", 8, 1024, alpha, beta) < predicted_time("ring", 8, 1024, alpha, beta)
 
 
+@chapter("ring_allreduce")
 def test_fit_recovers_alpha_and_beta():
     sizes = [1e3, 1e5, 1e6, 4e6]
     alpha, beta = fit_alpha_beta(sizes, [50e-6 + s / 2e9 for s in sizes])
     assert alpha == pytest.approx(50e-6) and beta == pytest.approx(2e9)
 
 
+@exercise("ring_all_reduce")
 def test_time_all_reduces_times_each_function_and_checks_its_sum(capsys):
     timings = launch(time_all_reduces, 2, {"gloo": dist.all_reduce}, [4096], 2)[0]
     assert list(timings) == ["gloo"] and list(timings["gloo"]) == [4096] and timings["gloo"][4096] > 0

@@ -40,6 +40,7 @@ from dpcourse.topics.ddp.checks import (
 from dpcourse.topics.ddp.scaling import efficiency, predicted_efficiency, ring_all_reduce_seconds
 from dpcourse.toys.images import GeneratedImages
 from dpcourse.toys.smallcnn import SmallCNN, parameter_count
+from markers import exercise
 
 # ------------------------------------------------------------------ images and model
 
@@ -85,6 +86,7 @@ def test_small_cnn_size():
 
 # ------------------------------------------------------------------ the single-process yardstick
 
+@exercise("train_ddp")
 def test_global_order_matches_distributed_sampler_and_pads():
     orders = sampler_orders(10, 4, seed=0, epoch=1)
     assert [len(o) for o in orders] == [3, 3, 3, 3]
@@ -97,6 +99,7 @@ def test_global_order_matches_distributed_sampler_and_pads():
     assert global_order(10, 4, seed=0, epoch=2) != order
 
 
+@exercise("train_ddp")
 def test_single_process_training_on_one_rank_is_plain_minibatch_sgd():
     data = GeneratedImages(12, size=8, seed=1, dtype=torch.float64)
     make = partial(SmallCNN, width=3, dtype=torch.float64)
@@ -119,6 +122,7 @@ def test_single_process_training_on_one_rank_is_plain_minibatch_sgd():
         single_process_training(make, data, epochs=1, global_batch=5, lr=0.1, seed=2, world_size=2)
 
 
+@exercise("train_ddp")
 def test_expect_same_state_names_the_entry_and_accepts_the_ddp_prefix():
     state = {"a.weight": torch.zeros(2), "b": torch.ones(1)}
     expect_same_state({"module.a.weight": torch.zeros(2), "module.b": torch.ones(1)}, state, "x")
@@ -137,11 +141,13 @@ def good_seen(n, world, seed, epochs):
     return [{"seen": {e: sampler_orders(n, world, seed, e)[r] for e in epochs}} for r in range(world)]
 
 
+@exercise("train_ddp")
 def test_sampler_diagnosis_accepts_distributed_sampler():
     expect_sampler_behaviour(good_seen(10, 4, 5, [0, 1, 2]), 10, 4, 5, [0, 1, 2])
     expect_sampler_behaviour(good_seen(9, 1, 5, [2]), 9, 1, 5, [2])
 
 
+@exercise("train_ddp")
 @pytest.mark.parametrize("bug, message", [
     ("same_data", "every rank trained on the same samples"),
     ("no_set_epoch", "call sampler.set_epoch(epoch)"),
@@ -172,6 +178,7 @@ def test_sampler_diagnosis_names_the_mistake(bug, message):
     assert message in str(info.value)
 
 
+@exercise("train_ddp")
 def test_expect_losses_explains_unreduced_losses():
     expect_losses([{"losses": {0: 1.0}}, {"losses": {0: 1.0}}], {0: 1.0})
     with pytest.raises(AssertionError, match="the ranks disagree"):
@@ -180,6 +187,7 @@ def test_expect_losses_explains_unreduced_losses():
         expect_losses([{"losses": [1.0]}], {0: 1.0})
 
 
+@exercise("train_ddp")
 def test_save_log_and_rank_zero_rule(tmp_path):
     result, saves = with_save_log(lambda: torch.save({"x": 1}, tmp_path / "checkpoint.pt") or 7)
     assert result == 7 and saves == [str(tmp_path / "checkpoint.pt")]
@@ -193,6 +201,7 @@ def test_save_log_and_rank_zero_rule(tmp_path):
 
 # ------------------------------------------------------------------ scaling
 
+@exercise("train_ddp")
 def test_efficiency_and_the_ring_model():
     assert efficiency({1: 100.0, 2: 150.0, 4: 200.0}) == {1: 1.0, 2: 0.75, 4: 0.5}
     with pytest.raises(ValueError):
@@ -205,6 +214,7 @@ def test_efficiency_and_the_ring_model():
     assert predicted_efficiency([64], 0.1, 1e8, inter_bandwidth=1e9, overlap=1.0)[64] > 0.99
 
 
+@exercise("train_ddp")
 def test_scaling_step_timer_runs_on_two_ranks():
     from dpcourse.topics.ddp.scaling import ddp_steps_per_second
 

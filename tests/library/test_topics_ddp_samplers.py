@@ -5,6 +5,9 @@ from torch.utils.data import DistributedSampler
 
 from dpcourse import LaunchError
 from dpcourse.topics.ddp.samplers import run_sampler, run_sampler_cases, sampler_shards
+from markers import exercise
+
+pytestmark = exercise("shard_sampler")
 
 
 class Torch(DistributedSampler):

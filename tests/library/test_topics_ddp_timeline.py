@@ -16,10 +16,12 @@ from dpcourse.topics.ddp.timeline import (  # noqa: E402
 from dpcourse.toys.models import deep_mlp  # noqa: E402
 from dpgrader.ddp_from_scratch.checks import expected_buckets  # noqa: E402
 from dpgrader.ddp_from_scratch.tuned import ReferenceDDP  # noqa: E402
+from markers import chapter, exercise  # noqa: E402
 
 CAPS = [2**14, 2**20]
 
 
+@exercise("bucketed_ddp")
 def test_a_recorded_step_shows_layers_buckets_and_overlap():
     per_rank = launch(record_timelines, 2, ReferenceDDP, CAPS, depth=4, width=64, per_rank=16)
     assert len(per_rank) == 2 and all(len(summaries) == len(CAPS) for summaries in per_rank)
@@ -43,6 +45,7 @@ def _torch_like(module):
     return ddp, ddp.finish_gradient_sync
 
 
+@exercise("bucketed_ddp")
 def test_step_times_are_compared_interleaved(capsys):
     medians = compare_step_times({"a": _torch_like, "b": _torch_like}, 2, depth=2, width=32, steps=2,
                                  rounds=2)
@@ -80,12 +83,14 @@ def _hook_threads():
     return threads == {threading.get_ident()}, rec.count("all_reduce")
 
 
+@chapter("ddp_from_scratch")
 def test_gradient_hooks_run_in_the_calling_thread_where_the_recorder_sees_them():
     """What the checks of notebook 05 rely on (on the CPU): hooks run in the thread that called backward."""
     for same_thread, all_reduces in launch(_hook_threads, 2):
         assert same_thread and all_reduces == 8
 
 
+@exercise("bucketed_ddp")
 def test_waiting_and_copying_split_the_time_after_backward():
     """The band after backward is two things: waiting for the last all-reduce, then copying back."""
     from dpcourse.topics.ddp.timeline import waiting_and_copying

@@ -4,6 +4,9 @@ parameter and ratios."""
 import pytest
 
 from dpcourse.topics.data_parallel.checks import expect_memory, format_bytes, ratio_note
+from markers import exercise
+
+pytestmark = exercise("memory_per_gpu")
 
 RIGHT = {"weights": 15e9, "gradients": 15e9, "optimizer": 90e9, "activations": 0, "total": 120e9}
 

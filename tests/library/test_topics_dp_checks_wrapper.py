@@ -17,6 +17,9 @@ from dpcourse.topics.data_parallel.checks import (
 )
 from dpcourse.topics.data_parallel.probes import Fails, ParallelProbe, TwoHeads, indexed_batch
 from dpcourse.toys.models import mlp
+from markers import exercise
+
+pytestmark = exercise("mini_data_parallel")
 
 
 class Halves(nn.Module):
@@ -84,6 +87,7 @@ def test_each_mistake_is_named(mistake, message):
                            wrapper_kwargs=dict(mistake=mistake))
 
 
+@exercise("scatter")
 def test_structures_types_devices_and_objects():
     x = torch.arange(6.0).reshape(3, 2)
     marker = object()
@@ -100,6 +104,7 @@ def test_structures_types_devices_and_objects():
         expect_same_structure(1.0, x, "s")
 
 
+@exercise("scatter")
 def test_row_order_hint_only_for_permutations():
     e = torch.arange(8.0).reshape(4, 2)
     assert "rows [1, 0, 2, 3]" in row_order_hint(e[[1, 0, 2, 3]], e)

@@ -16,6 +16,9 @@ from dpcourse.topics.data_parallel.costs import (
     time_call,
 )
 from dpcourse.toys.models import mlp
+from markers import exercise
+
+pytestmark = exercise("mini_data_parallel")
 
 
 def test_traffic_of_resnet50_on_8_gpus():

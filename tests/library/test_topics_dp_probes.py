@@ -9,6 +9,9 @@ import torch
 
 from dpcourse.topics.data_parallel.probes import Fails, Keywords, ParallelProbe, TwoHeads, indexed_batch
 from dpcourse.toys.models import mlp
+from markers import exercise
+
+pytestmark = exercise("mini_data_parallel")
 
 
 def test_indexed_batch_holds_row_indices_in_column_zero():

@@ -9,10 +9,14 @@ from torch import nn
 from dpcourse.topics.data_parallel import replicas as dp_replicas
 from dpcourse.topics.data_parallel.replicas import cpu_devices, demo_devices, gpu_devices, replicate
 from dpcourse.toys.models import mlp
+from markers import exercise
+
+pytestmark = exercise("mini_data_parallel")
 
 TWO_GPUS = torch.cuda.is_available() and torch.cuda.device_count() >= 2
 
 
+@exercise("scatter")
 def test_cpu_devices_and_shared_replicas():
     devices = cpu_devices(3)
     assert devices == [torch.device("cpu")] * 3

@@ -23,8 +23,10 @@ from dpcourse.topics.data_parallel.timeline import (  # noqa: E402
     record_iteration,
 )
 from dpcourse.toys.models import mlp  # noqa: E402
+from markers import exercise  # noqa: E402
 
-pytestmark = pytest.mark.filterwarnings("ignore:FigureCanvasAgg is non-interactive")
+pytestmark = [pytest.mark.filterwarnings("ignore:FigureCanvasAgg is non-interactive"),
+              *exercise("mini_data_parallel")]
 
 
 class Threaded(nn.Module):

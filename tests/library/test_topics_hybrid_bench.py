@@ -4,6 +4,9 @@ the learner's steps really run, and a prediction for each layout (no timing is a
 import torch
 
 from dpcourse.topics.hybrid.bench import predictions, time_layouts
+from markers import exercise
+
+pytestmark = exercise("hybrid_dp_tp_step", "hybrid_dp_pp_step")
 
 LAYOUTS = {"DP 4 x 1": ("dp_tp", (4, 1)), "DP x PP 2 x 2": ("dp_pp", (2, 2))}
 

@@ -12,6 +12,7 @@ from dpcourse.topics.hybrid.checks import expect_dp_pp, expect_dp_tp
 from dpcourse.topics.hybrid.runs import run_dp_pp_cases, run_dp_tp_cases
 from dpcourse.topics.tensor.models import inputs
 from dpgrader.hybrid_parallelism.tuned import dp_pp_step, dp_tp_step, plain_dp_pp_step, plain_dp_tp_step
+from markers import exercise
 
 
 def batches(rows, d_in, d_out, steps, seed):
@@ -31,12 +32,14 @@ PP_CASES = [dict(grid=(2, 2), model=dict(width=5, layers=4, seed=4), cuts=[0, 4,
                  batches=batches(8, 5, 5, 2, 50))]
 
 
+@exercise("hybrid_dp_tp_step")
 @pytest.mark.parametrize("step", [dp_tp_step, plain_dp_tp_step])
 def test_data_x_tensor_steps_pass_on_every_grid(step):
     for case, runs in zip(TP_CASES, run_dp_tp_cases(step, TP_CASES), strict=True):
         expect_dp_tp(runs, case, str(case["grid"]))
 
 
+@exercise("hybrid_dp_pp_step")
 @pytest.mark.parametrize("step", [dp_pp_step, plain_dp_pp_step])
 def test_data_x_pipeline_steps_pass_on_every_grid(step):
     for case, runs in zip(PP_CASES, run_dp_pp_cases(step, PP_CASES), strict=True):
@@ -64,6 +67,7 @@ def tp_bug(kind, model, grid, batch, targets, loss_fn, lr):
     return loss.item()
 
 
+@exercise("hybrid_dp_tp_step")
 @pytest.mark.parametrize("kind, message", [
     ("over tp", "parameter gradients are not all-reduced over tp"),
     ("dp and tp", "parameter gradients are not all-reduced over tp"),
@@ -97,6 +101,7 @@ def pp_bug(kind, model, cuts, grid, batch, targets, loss_fn, n_micro, lr, pipeli
     return loss
 
 
+@exercise("hybrid_dp_pp_step")
 @pytest.mark.parametrize("kind, message", [
     ("neighbours by position", "outside its pipeline (2, 3)"),
     ("over the pipeline", "outside its groups (dp (0, 2)) -- that is its pp group"),
@@ -115,12 +120,14 @@ def raises_on_rank_2(model, grid, batch, targets, loss_fn, lr):
     return dp_tp_step(model, grid, batch, targets, loss_fn, lr)
 
 
+@exercise("hybrid_dp_tp_step")
 def test_an_exception_in_a_step_is_reported_with_its_rank_and_step():
     runs = run_dp_tp_cases(raises_on_rank_2, [TP_CASES[0]])[0]
     with pytest.raises(AssertionError, match="rank 2 raised in step 1: NotImplementedError: not written yet"):
         expect_dp_tp(runs, TP_CASES[0], "2 x 2")
 
 
+@exercise("make_grid_groups", "hybrid_dp_tp_step", "hybrid_dp_pp_step")
 def test_a_demo_re_raises_the_first_failed_rank():
     from dpcourse.topics.hybrid.runs import HybridRun, raise_failure
 

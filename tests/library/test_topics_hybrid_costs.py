@@ -19,10 +19,12 @@ from dpcourse.topics.hybrid.models import dp_tp_model, placement, tensor_paralle
 from dpcourse.topics.hybrid.pictures import draw_grid, plot_strategies, strategies  # noqa: E402
 from dpcourse.topics.hybrid.traffic import dp_pp_bytes, dp_tp_bytes, local_parameters  # noqa: E402
 from dpgrader.hybrid_parallelism.checks import best_layout  # noqa: E402
+from markers import exercise  # noqa: E402
 
 MODEL = dict(params=1.2e9, layers=8, hidden=2048, heads=16, seq=1024, batch=32)
 
 
+@exercise("plan")
 def test_predict_by_hand_for_dp2_tp4_pp1():
     cl = costs.cluster(nodes=2, gpus_per_node=4)
     p = costs.predict(MODEL, cl, dp=2, tp=4, pp=1, micro=2)
@@ -38,6 +40,7 @@ def test_predict_by_hand_for_dp2_tp4_pp1():
     assert p["bubble"] == 0 and p["pp_comm"] == 0
 
 
+@exercise("plan")
 def test_pipeline_bubble_links_recompute_zero_and_overlap():
     cl = costs.cluster(nodes=2, gpus_per_node=4)
     p = costs.predict(MODEL, cl, dp=1, tp=2, pp=4, micro=32)
@@ -55,6 +58,7 @@ def test_pipeline_bubble_links_recompute_zero_and_overlap():
     assert overlapped["dp_comm"] == pytest.approx(max(0.0, plain["dp_comm"] - 2 / 3 * plain["compute"] / 4))
 
 
+@exercise("plan")
 @pytest.mark.parametrize("layout, message", [((3, 1, 1, 1), "GPUs"), ((1, 1, 8, 1), "layers"),
                                              ((8, 1, 1, 3), "micro-batches")])
 def test_bad_layouts_are_refused(layout, message):
@@ -63,6 +67,7 @@ def test_bad_layouts_are_refused(layout, message):
         costs.predict(dict(MODEL, layers=6), cl, *layout)
 
 
+@exercise("plan")
 def test_plan_checks_accept_the_best_and_name_what_is_wrong():
     cl = costs.cluster(nodes=2, gpus_per_node=4, memory=6e9)
     best, least = best_layout(MODEL, cl)
@@ -88,6 +93,7 @@ def test_plan_checks_accept_the_best_and_name_what_is_wrong():
         expect_plan_refused({"error": "ValueError", "message": "does not fit"}, MODEL, tiny, "plan")
 
 
+@exercise("hybrid_dp_tp_step", "hybrid_dp_pp_step")
 def test_traffic_formulas_count_the_parameters_a_rank_holds():
     for blocks, bias, tp in ((1, True, 2), (2, False, 4)):
         full = dp_tp_model(blocks=blocks, bias=bias)
@@ -99,6 +105,7 @@ def test_traffic_formulas_count_the_parameters_a_rank_holds():
     assert dp_pp_bytes(6, 84, 8, 1, 3, 2, stage=1)["pp"] == 2 * 2 * 4 * 6 * 8
 
 
+@exercise("hybrid_dp_tp_step")
 def test_tensor_parallel_copy_keeps_the_full_model_s_names():
     def names():
         _, mesh = mesh_grid(2, tp=2)
@@ -111,6 +118,7 @@ def test_tensor_parallel_copy_keeps_the_full_model_s_names():
                       "2.weight": (3, 8), "2.bias": (3,)}
 
 
+@exercise("make_grid_groups", "plan")
 def test_pictures_draw():
     reports = [{"sizes": {"dp": 2, "pp": 1, "tp": 2}, "coords": c["coords"], "members": c["members"]}
                for c in expected_grid(2, 2)]

@@ -7,15 +7,13 @@ import torch
 import torch.distributed as dist
 
 from dpcourse import launch
-from dpcourse.topics.hybrid.checks import (
-    axis_groups,
-    expect_bad_sizes_refused,
-    expect_grid,
-    expected_grid,
-)
-from dpcourse.topics.hybrid.grid import AXES, Grid, check_sizes, layout, mesh_grid
+from dpcourse.topics.hybrid.checks import expect_bad_sizes_refused, expect_grid
+from dpcourse.topics.hybrid.grid import AXES, Grid, axis_groups, check_sizes, expected_grid, layout, mesh_grid
 from dpcourse.topics.hybrid.runs import ORDER_RULE, run_grid_cases
 from dpgrader.hybrid_parallelism.tuned import make_grid_groups
+from markers import exercise
+
+pytestmark = exercise("make_grid_groups")
 
 SHAPES = {4: [(2, 2, 1), (1, 4, 1), (4, 1, 1), (1, 2, 2), (2, 1, 2)], 8: [(2, 2, 2), (2, 4, 1), (1, 2, 4)]}
 

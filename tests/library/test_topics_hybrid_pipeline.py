@@ -14,6 +14,9 @@ from dpcourse.topics.hybrid.pipeline import gpipe
 from dpcourse.topics.pipeline.stages import make_stage
 from dpcourse.topics.tensor.models import inputs
 from dpcourse.toys.models import loss_fn
+from markers import exercise
+
+pytestmark = exercise("hybrid_dp_pp_step")
 
 
 def one_step(cuts, n_micro, x, y):

@@ -11,6 +11,9 @@ from dpcourse.topics.hybrid.models import dp_tp_model
 from dpcourse.topics.hybrid.realapi import print_side_by_side, torch_dp_tp_training
 from dpcourse.topics.tensor.models import inputs
 from dpgrader.hybrid_parallelism.tuned import dp_tp_step
+from markers import exercise
+
+pytestmark = exercise("hybrid_dp_tp_step")
 
 CASE = dict(grid=(2, 2), model=dict(blocks=2, seed=1), lr=0.2,
             batches=[(inputs((8, 6), seed=20 + s), inputs((8, 3), seed=30 + s)) for s in range(2)])

@@ -18,8 +18,9 @@ from dpcourse.topics.pipeline.compare import torch_schedule_step
 from dpcourse.topics.pipeline.runner import PipelineCase, run_pipeline
 from dpcourse.topics.pipeline.schedules import gpipe_schedule, parse_order
 from dpcourse.topics.pipeline.stages import layer_stack
+from markers import exercise
 
-pytestmark = pytest.mark.usefixtures("no_orphans")
+pytestmark = [pytest.mark.usefixtures("no_orphans"), *exercise("run_schedule")]
 
 MODEL = partial(layer_stack, [4, 8, 8, 8, 3], seed=0)  # 7 layers
 g = torch.Generator().manual_seed(0)

@@ -12,10 +12,12 @@ from dpcourse.topics.pipeline.runner import PipelineCase, run_pipeline
 from dpcourse.topics.pipeline.schedules import gpipe_schedule, simulate
 from dpcourse.topics.pipeline.stages import layer_stack
 from dpcourse.topics.pipeline.timeline import compare_timelines, plot_timeline, stage_timelines
+from markers import chapter, exercise
 
 matplotlib.use("Agg")
 
 
+@exercise("partition_layers")
 def test_gpt_layer_flops_follow_megatrons_formula():
     names, flops = gpt_layer_flops(n_layers=24, hidden=2048, seq=2048, vocab=50257)
     assert len(names) == len(flops) == 26 and names[0] == "embedding" and names[-1] == "output layer"
@@ -25,6 +27,7 @@ def test_gpt_layer_flops_follow_megatrons_formula():
     assert stage_costs(flops, [0, 7, 13, 19, 26])[-1] == 6 * flops[1] + flops[-1]  # blocks 18..23 + output
 
 
+@chapter("pipeline_parallelism")
 def test_measured_layer_costs_grow_with_the_work():
     model = layer_stack([64, 512, 8], seed=0, dtype=torch.float32)
     costs = measure_layer_costs(model, torch.randn(256, 64), repeats=3)
@@ -33,6 +36,7 @@ def test_measured_layer_costs_grow_with_the_work():
     assert all(p.grad is None for p in model.parameters())
 
 
+@exercise("partition_layers", "naive_pipeline_step", "run_schedule")
 def test_the_pictures_draw_a_recorded_and_a_simulated_run():
     simulated = simulate([gpipe_schedule(3, 4, s) for s in range(3)])
     ax = plot_timeline(simulated, title="simulated", unit=1, unit_name="")

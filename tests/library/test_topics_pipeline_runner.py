@@ -20,6 +20,7 @@ from dpcourse.topics.pipeline.runner import PipelineCase, by_stage, run_pipeline
 from dpcourse.topics.pipeline.schedules import gpipe_schedule, parse_order
 from dpcourse.topics.pipeline.stages import layer_stack
 from dpcourse.topics.pipeline.timeline import measured_bubble, stage_timelines, typical_durations
+from markers import exercise
 
 pytestmark = pytest.mark.usefixtures("no_orphans")
 
@@ -75,6 +76,7 @@ def gpipe(n_stages, n_micro, stage):
 ONE_F_ONE_B = [parse_order("F0 F1 B0 F2 B1 B2"), parse_order("F0 B0 F1 B1 F2 B2")]  # p = 2, m = 3
 
 
+@exercise("naive_pipeline_step", "gpipe_step", "run_schedule")
 def test_a_correct_step_equals_one_process_and_is_watched():
     case = PipelineCase(MODEL, [0, 3, 5], X, Y, n_micro=3, schedule=gpipe)
     calls = run_pipeline(scheduled_step, case, exercise="step")
@@ -88,6 +90,7 @@ def test_a_correct_step_equals_one_process_and_is_watched():
     assert all(start <= end for c in calls for _, _, start, end in c.observed["events"])
 
 
+@exercise("gpipe_step", "run_schedule")
 def test_one_f_one_b_holds_fewer_micro_batches_than_gpipe():
     case = PipelineCase(MODEL, [0, 3, 5], X, Y, schedule=ONE_F_ONE_B)
     calls = run_pipeline(scheduled_step, case, exercise="step")
@@ -98,6 +101,7 @@ def test_one_f_one_b_holds_fewer_micro_batches_than_gpipe():
         expect_held(calls, case, "1F1B", [1, 1], at_most=True)
 
 
+@exercise("naive_pipeline_step", "gpipe_step", "run_schedule")
 def test_stages_on_ranks_out_of_order_and_sitting_out_share_one_launch():
     cases = [PipelineCase(MODEL, [0, 1, 2, 5], X, Y, placement=[2, 0, 3], n_micro=2, schedule=gpipe),
              PipelineCase(MODEL, [0, 3, 5], X, Y, placement=[1, 0], n_micro=1, schedule=gpipe)]
@@ -110,6 +114,7 @@ def test_stages_on_ranks_out_of_order_and_sitting_out_share_one_launch():
     assert cases[0].widths == [4, 8, 8, 3]
 
 
+@exercise("gpipe_step", "run_schedule")
 def test_a_missing_loss_scaling_is_named():
     case = PipelineCase(MODEL, [0, 3, 5], X, Y, n_micro=3, schedule=gpipe)
     calls = run_pipeline(partial(scheduled_step, scale=False), case, exercise="step")
@@ -117,6 +122,7 @@ def test_a_missing_loss_scaling_is_named():
         expect_pipeline_step(calls, case, "unscaled")
 
 
+@exercise("naive_pipeline_step", "gpipe_step", "run_schedule")
 def test_a_deadlock_names_stages_and_micro_batches_within_seconds():
     case = PipelineCase(MODEL, [0, 3, 5], X, Y, schedule=ONE_F_ONE_B)
     start = time.monotonic()
@@ -141,6 +147,7 @@ def talks_to_the_wrong_rank(stage, batch, targets, loss_fn):
     return None
 
 
+@exercise("naive_pipeline_step", "gpipe_step", "run_schedule")
 def test_messages_to_non_neighbours_are_named():
     case = PipelineCase(partial(layer_stack, [4, 4, 4], seed=0), [0, 1, 2, 3], X, X)
     calls = run_pipeline(talks_to_the_wrong_rank, case, exercise="step")
@@ -166,6 +173,7 @@ def forgets_requires_grad(stage, batch, targets, loss_fn):
         dist.send(x.grad, stage.prev)
 
 
+@exercise("naive_pipeline_step", "gpipe_step", "run_schedule")
 def test_an_error_in_a_stage_names_the_stage_the_micro_batch_and_the_likely_cause():
     case = PipelineCase(MODEL, [0, 3, 5], X, Y)
     with pytest.raises(LaunchError) as error:
@@ -175,6 +183,7 @@ def test_an_error_in_a_stage_names_the_stage_the_micro_batch_and_the_likely_caus
     assert "must get requires_grad_()" in message
 
 
+@exercise("naive_pipeline_step", "gpipe_step", "run_schedule")
 def test_a_backward_in_the_wrong_order_is_named():
     reversed_gpipe = [parse_order("F0 F1 F2 B2 B1 B0")] * 2
     case = PipelineCase(MODEL, [0, 3, 5], X, Y, schedule=reversed_gpipe)
@@ -184,6 +193,7 @@ def test_a_backward_in_the_wrong_order_is_named():
         expect_order(calls, case, "reversed", [gpipe_schedule(2, 3, s) for s in range(2)])
 
 
+@exercise("naive_pipeline_step", "run_schedule")
 def test_a_warm_up_step_is_forgotten():
     slow = partial(layer_stack, [4, 4, 4], seed=0, forward_ms=5, backward_ms=10)
     case = PipelineCase(slow, [0, 1, 3], X, X, schedule=ONE_F_ONE_B, warmup=1)
@@ -196,6 +206,7 @@ def test_a_warm_up_step_is_forgotten():
     assert 0 < measured_bubble(timelines) < 1
 
 
+@exercise("naive_pipeline_step", "gpipe_step", "run_schedule")
 def test_bad_cases_are_refused_before_launching():
     with pytest.raises(ValueError, match="does not split into 4 equal micro-batches"):
         run_pipeline(scheduled_step, PipelineCase(MODEL, [0, 3, 5], X, Y, n_micro=4), exercise="step")

@@ -14,6 +14,9 @@ from dpcourse.topics.pipeline.stages import (
     make_stage,
     split_model,
 )
+from markers import chapter, exercise
+
+pytestmark = chapter("pipeline_parallelism")
 
 
 def test_layer_stack_numbers_linear_and_tanh_layers_and_is_seeded():
@@ -41,6 +44,7 @@ def test_bad_cuts_are_explained(cuts, message):
         check_cuts(cuts, 5)
 
 
+@exercise("naive_pipeline_step", "gpipe_step", "run_schedule", "hybrid_dp_pp_step")
 def test_boundary_widths_and_a_stage_know_what_they_receive_and_send():
     model = layer_stack([8, 12, 6, 3])
     assert boundary_widths(model) == [8, 12, 12, 6, 6, 3]

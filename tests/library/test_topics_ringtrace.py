@@ -5,10 +5,12 @@ import matplotlib
 
 from dpcourse.topics.collectives.ringtrace import RingReplay, record_ring
 from dpgrader.ring_allreduce.tuned import textbook_reduce_scatter, textbook_ring_all_reduce
+from markers import exercise
 
 matplotlib.use("Agg")
 
 
+@exercise("ring_reduce_scatter", "ring_all_gather", "ring_all_reduce")
 def test_a_ring_all_reduce_replays_its_steps_and_ends_complete():
     replay = RingReplay(record_ring(textbook_ring_all_reduce, 3, 5))
     assert replay.steps == 4 and replay.complete()
@@ -32,6 +34,7 @@ def test_a_ring_all_reduce_replays_its_steps_and_ends_complete():
     matplotlib.pyplot.close("all")
 
 
+@exercise("ring_reduce_scatter")
 def test_a_ring_without_its_all_gather_is_shown_incomplete():
     replay = RingReplay(record_ring(textbook_reduce_scatter, 4, 8))
     assert replay.steps == 3 and not replay.complete()

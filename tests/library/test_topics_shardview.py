@@ -15,8 +15,10 @@ from dpcourse.reference.gradients import full_batch_gradient  # noqa: E402
 from dpcourse.topics.data_parallel.shardview import plot_shard_gradients, shard_explorer, shard_gradients  # noqa: E402
 from dpcourse.toys.data import line_data
 from dpcourse.toys.models import linear  # noqa: E402
+from markers import exercise  # noqa: E402
 
-pytestmark = pytest.mark.filterwarnings("ignore:FigureCanvasAgg is non-interactive")
+pytestmark = [pytest.mark.filterwarnings("ignore:FigureCanvasAgg is non-interactive"),
+              *exercise("shard_indices")]
 
 
 def test_weighted_mean_of_shard_gradients_is_the_full_batch_gradient():

@@ -26,6 +26,7 @@ from dpcourse.topics.tensor.checks import (
 from dpcourse.topics.tensor.models import inputs
 from dpcourse.topics.tensor.runs import run_module_cases, run_operator_cases, run_training
 from dpgrader.tensor_parallelism import tuned as tp
+from markers import exercise
 
 GROUPS = [[0, 1], [2, 3]]
 F_RULE = "f: the identity forward, one all-reduce of the gradient backward"
@@ -49,6 +50,7 @@ def gather_that_sums_backward(x, group=None):
     return tp.gather_from_tp(tp.copy_to_tp(x, group), group)
 
 
+@exercise("copy_to_tp", "reduce_from_tp", "gather_from_tp")
 def test_the_reference_operators_pass_and_their_mistakes_are_named():
     case, gather_case = operator_case(), operator_case((3, 2), (3, 4))
     runs = run_operator_cases(tp.copy_to_tp, 4, [case], exercise="f")[0]
@@ -74,6 +76,7 @@ def test_the_reference_operators_pass_and_their_mistakes_are_named():
         expect_operator(runs, gather_case, gather_semantics(gather_case, 4), "gather")
 
 
+@exercise("copy_to_tp")
 def test_a_wrong_value_is_explained_by_the_known_mistake_it_matches():
     case = operator_case()
     runs = run_operator_cases(tp.copy_to_tp, 4, [case], exercise="f")[0]
@@ -109,6 +112,7 @@ def column_case(groups=None, **options):
                 output="replicated" if options.get("gather_output") else "parallel", groups=groups, label="c")
 
 
+@exercise("column_parallel_linear", "row_parallel_linear")
 def test_layers_pass_and_layer_mistakes_are_named():
     case = column_case(GROUPS)
     expect_module(run_module_cases(tp.ColumnParallelLinear, 4, [case], exercise="c")[0], case, COLUMN, "c",
@@ -136,6 +140,7 @@ class MLPWithFrozenFc2(tp.TensorParallelMLP):
         self.fc2.bias.requires_grad_(False)
 
 
+@exercise("tensor_parallel_mlp", "tensor_parallel_attention")
 def test_training_is_compared_slice_by_slice_with_the_unsharded_module():
     case = dict(full=("mlp", dict(d_model=8, d_hidden=16, seed=0)), groups=GROUPS, lr=0.2,
                 batches=[(inputs((4, 8), seed=s), inputs((4, 8), seed=10 + s)) for s in range(3)], label="t")
@@ -146,6 +151,7 @@ def test_training_is_compared_slice_by_slice_with_the_unsharded_module():
         expect_training(run_training(MLPWithFrozenFc2, 4, case, exercise="t"), case, MLP, "t")
 
 
+@exercise("copy_to_tp", "reduce_from_tp", "gather_from_tp")
 def test_a_learner_exception_names_the_exercise_the_case_and_the_rank():
     from dpcourse import LaunchError
 
@@ -156,6 +162,7 @@ def test_a_learner_exception_names_the_exercise_the_case_and_the_rank():
         run_operator_cases(broken, 4, [operator_case()], exercise="f")
 
 
+@exercise("copy_to_tp", "reduce_from_tp", "gather_from_tp")
 def test_output_gradients_reach_only_outputs_that_require_grad():
     def detached(x, group=None):
         return x.detach() * 1
@@ -174,6 +181,7 @@ class AttentionWithAllHeadsOnEveryRank(tp.TensorParallelAttention):
         self.heads = attention.n_heads
 
 
+@exercise("tensor_parallel_attention")
 def test_attention_with_every_head_on_every_rank_is_named():
     from dpcourse.topics.tensor.checks import ATTENTION, attention_mistakes
 

@@ -27,6 +27,7 @@ from dpcourse.topics.tensor.pictures import (  # noqa: E402
 from dpcourse.topics.tensor.realapi import as_reference, side_by_side, tp_mesh  # noqa: E402
 from dpcourse.topics.tensor.runs import run_module_cases, run_training  # noqa: E402
 from dpgrader.tensor_parallelism import tuned as tp  # noqa: E402
+from markers import chapter, exercise  # noqa: E402
 
 GROUPS = [[0, 1], [2, 3]]
 GATHER = ("all_gather", "all_gather_into_tensor")
@@ -39,6 +40,8 @@ def on_mesh(cls):
     return build
 
 
+@exercise("hybrid_dp_tp_step")
+@chapter("tensor_parallelism")
 def test_the_library_layers_equal_the_unsharded_modules_with_one_collective_each_way():
     x, dy = inputs((2, 3, 8), seed=1), inputs((2, 3, 12), seed=2)
     linear = ("linear", dict(in_features=8, out_features=12, seed=3))
@@ -59,7 +62,9 @@ def test_the_library_layers_equal_the_unsharded_modules_with_one_collective_each
                   backward=[(GATHER, None)])
 
 
-@pytest.mark.parametrize("kind, cls, layout", [("mlp", layers.TensorParallelMLP, MLP),
+@chapter("tensor_parallelism")
+@pytest.mark.parametrize("kind, cls, layout", [pytest.param("mlp", layers.TensorParallelMLP, MLP,
+                                                            marks=exercise("hybrid_dp_tp_step")),
                                                ("attention", layers.TensorParallelAttention, ATTENTION)])
 def test_the_library_blocks_train_like_the_unsharded_ones(kind, cls, layout):
     sizes = dict(d_model=8, d_hidden=16) if kind == "mlp" else dict(d_model=8, n_heads=4)
@@ -79,10 +84,13 @@ def refuse_a_process_group():
     return "accepted"
 
 
+@exercise("hybrid_dp_tp_step")
+@chapter("tensor_parallelism")
 def test_the_library_layers_want_a_device_mesh():
     assert "expected a 1-D DeviceMesh" in launch(refuse_a_process_group, 1)[0]
 
 
+@exercise("tensor_parallel_mlp", "tensor_parallel_attention")
 def test_parallelize_module_and_the_reference_layers_agree_and_communicate_alike():
     full = ("mlp", dict(d_model=8, d_hidden=32, seed=0))
     x, dy = inputs((4, 8), seed=1), inputs((4, 8), seed=2)
@@ -96,6 +104,7 @@ def test_parallelize_module_and_the_reference_layers_agree_and_communicate_alike
     assert {o.op for o in rows["parallelize_module"][4]} == {"scatter", "broadcast"}
 
 
+@exercise("tensor_parallel_mlp")
 def test_the_picture_shows_who_holds_what():
     full = ("mlp", dict(d_model=4, d_hidden=8, seed=0))
     held = launch(local_parameters_of, 2, tp.TensorParallelMLP, full)

@@ -7,8 +7,10 @@ from dpcourse.comm.volume import ring_traffic
 from dpcourse.topics.tensor.costs import layer_traffic, measured_traffic
 from dpcourse.topics.tensor.models import attend, inputs, linear, mlp, self_attention
 from dpcourse.topics.tensor.shards import column_shard, locate_slices, row_shard, shard_bounds
+from markers import chapter, exercise
 
 
+@chapter("tensor_parallelism")
 def test_the_same_seed_builds_the_same_modules_without_touching_the_global_generator():
     torch.manual_seed(123)
     before = torch.rand(1)
@@ -22,6 +24,7 @@ def test_the_same_seed_builds_the_same_modules_without_touching_the_global_gener
     assert inputs((2, 3), seed=1).equal(inputs((2, 3), seed=1))
 
 
+@exercise("tensor_parallel_attention")
 def test_a_contiguous_slice_of_qkv_features_is_a_set_of_whole_heads():
     attention = self_attention(d_model=8, n_heads=4, seed=0)
     x = inputs((2, 5, 8), seed=1)
@@ -34,6 +37,7 @@ def test_a_contiguous_slice_of_qkv_features_is_a_set_of_whole_heads():
         attend(qkv, 5)
 
 
+@exercise("tensor_parallel_attention")
 def test_attention_is_causal():
     attention = self_attention(d_model=8, n_heads=2, seed=0)
     x = inputs((1, 4, 8), seed=2)
@@ -43,6 +47,7 @@ def test_attention_is_causal():
     assert not torch.allclose(attention(x)[0, 3], attention(changed)[0, 3])
 
 
+@exercise("column_parallel_linear", "row_parallel_linear", "tensor_parallel_mlp", "tensor_parallel_attention")
 def test_shards_cut_rows_and_columns_and_refuse_uneven_splits():
     weight = torch.arange(24.0).reshape(4, 6)
     assert column_shard(weight, 1, 2).equal(weight[2:4])
@@ -54,6 +59,7 @@ def test_shards_cut_rows_and_columns_and_refuse_uneven_splits():
         shard_bounds(6, 2, 2)
 
 
+@exercise("column_parallel_linear", "row_parallel_linear", "tensor_parallel_mlp", "tensor_parallel_attention")
 def test_locate_slices_finds_where_a_local_piece_comes_from():
     weight = torch.arange(24.0).reshape(4, 6)
     assert locate_slices(weight[2:4], weight, 0) == [2, 3]
@@ -63,6 +69,7 @@ def test_locate_slices_finds_where_a_local_piece_comes_from():
     assert locate_slices(weight.T[:2], weight, 0) is None
 
 
+@exercise("tensor_parallel_attention")
 def test_traffic_formulas_match_the_notebooks_numbers():
     t = layer_traffic(batch=1, seq=2048, d_model=12288, tp=8, dp=64, element_size=2)  # the written answer
     assert t["tp_all_reduce_bytes"] == 50_331_648
@@ -72,6 +79,7 @@ def test_traffic_formulas_match_the_notebooks_numbers():
     assert ring_traffic(100, 1)[1] == 0 and ring_traffic(100, 2)[1] == 100
 
 
+@exercise("tensor_parallel_mlp")
 def test_measured_traffic_counts_calls_and_bytes_per_direction():
     from dpcourse.comm.recorder import CommOp
 

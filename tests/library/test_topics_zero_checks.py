@@ -10,6 +10,7 @@ import torch
 from dpcourse.comm.recorder import CommOp
 from dpcourse.reference.splits import chunk_bounds
 from dpcourse.topics.zero.checks import expect_fsdp, expect_zero1, expect_zero2, reference_of, unit_layout
+from markers import exercise
 
 MODEL, SEED, STEPS, PER_RANK, N = "deep_mlp", 3, 2, 2, 3
 S = 994
@@ -35,6 +36,7 @@ def zero1_results(ref):
     return results
 
 
+@exercise("sharded_optimizer")
 def test_zero1_right_results_pass_and_mistakes_are_named(ref):
     expect_zero1(zero1_results(ref), MODEL, SEED, STEPS, PER_RANK)
     everything = zero1_results(ref)
@@ -65,6 +67,7 @@ def zero2_results(ref, per_step=None):
     return results
 
 
+@exercise("reduce_scatter_gradients")
 def test_zero2_right_results_pass_and_mistakes_are_named(ref):
     expect_zero2(zero2_results(ref), MODEL, SEED, STEPS, PER_RANK)
     summed = zero2_results(ref)
@@ -109,6 +112,7 @@ def fsdp_results(ref, n=N):
     return results
 
 
+@exercise("mini_fsdp")
 def test_fsdp_right_results_pass_and_mistakes_are_named(ref):
     expect_fsdp(fsdp_results(ref), MODEL, SEED, STEPS, PER_RANK)
     whole = fsdp_results(ref)

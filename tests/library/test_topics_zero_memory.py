@@ -14,8 +14,10 @@ from dpcourse.topics.zero.memory import (
 from dpcourse.topics.zero.units import FlatUnit
 from dpcourse.toys.data import smooth_regression_data
 from dpcourse.toys.models import deep_mlp, loss_fn
+from markers import exercise
 
 
+@exercise("memory_per_gpu", "plan", "mini_fsdp")
 def test_the_papers_figure_1():
     # 7.5B parameters, mixed-precision Adam (K = 12), 64 GPUs: 120, 31.4, 16.6 and 1.9 GB per GPU
     totals = [sum(model_state_bytes(7.5e9, 64, stage).values()) / 1e9 for stage in STAGES]
@@ -34,6 +36,7 @@ def stepped(model):
     return opt
 
 
+@exercise("reduce_scatter_gradients", "mini_fsdp")
 def test_held_bytes_of_plain_training_is_weights_gradients_and_two_moments():
     model = deep_mlp(seed=0)
     held = held_bytes(model, stepped(model))
@@ -42,6 +45,7 @@ def test_held_bytes_of_plain_training_is_weights_gradients_and_two_moments():
     assert implementation_bytes(994, 1, "DDP") == {"weights": S, "gradients": S, "optimizer": 2 * S}
 
 
+@exercise("mini_fsdp")
 def test_freed_units_hold_nothing_and_views_are_counted_once():
     model = deep_mlp(seed=0)
     units = [FlatUnit(model.fc1, "fc1"), FlatUnit(model.fc2, "fc2")]
@@ -51,6 +55,7 @@ def test_freed_units_hold_nothing_and_views_are_counted_once():
     assert held_bytes(model)["weights"] == (994 - 2 * 272) * 8
 
 
+@exercise("sharded_optimizer")
 def test_optimizer_summary_counts_storages_not_views():
     flat = torch.zeros(100, dtype=torch.float64)
     shard = flat[:40].requires_grad_(True)

@@ -12,10 +12,12 @@ from dpcourse.topics.zero.runs import explain_crash, global_gradient, launch_run
 from dpcourse.topics.zero.units import FlatUnit, UnitRecorder
 from dpcourse.toys.data import my_share, smooth_regression_data
 from dpcourse.toys.models import deep_mlp
+from markers import exercise
 
 matplotlib.use("Agg")
 
 
+@exercise("sharded_optimizer", "reduce_scatter_gradients")
 def test_the_global_gradient_is_the_average_of_the_shard_gradients():
     X, Y = smooth_regression_data(12, seed=5)
     model = deep_mlp(seed=1)
@@ -31,6 +33,7 @@ class Unwritten:
         raise NotImplementedError()
 
 
+@exercise("sharded_optimizer", "reduce_scatter_gradients", "mini_fsdp")
 def test_a_failing_run_names_the_class_and_a_freed_unit_gets_its_explanation():
     with pytest.raises(AssertionError, match="Unwritten on 2 rank.s.: rank . of 2 raised NotImplemented"):
         launch_run(zero1_run, 2, Unwritten, "deep_mlp", 0, 1, 2)
@@ -39,6 +42,7 @@ def test_a_failing_run_names_the_class_and_a_freed_unit_gets_its_explanation():
     assert model_label(("deep_mlp", {"width": 5})) == "deep_mlp(width=5)"
 
 
+@exercise("mini_fsdp")
 def test_pictures_draw():
     plot_memory({s: implementation_bytes(994, 4, s) for s in STAGES},
                 {s: implementation_bytes(994, 4, s) for s in STAGES})

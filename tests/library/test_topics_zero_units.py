@@ -8,6 +8,9 @@ from dpcourse.reference.gradients import single_process_gradients
 from dpcourse.topics.zero.units import FlatUnit, UnitRecorder, most_unsharded, padded, unsharded_over_time
 from dpcourse.toys.data import smooth_regression_data
 from dpcourse.toys.models import deep_mlp, frozen_first_layer, loss_fn
+from markers import exercise
+
+pytestmark = exercise("mini_fsdp")
 
 
 def test_a_unit_is_one_flat_leaf_whose_memory_comes_and_goes():
@@ -76,5 +79,6 @@ def test_the_log_counts_units_whole_at_once_after_the_first_mark():
     assert FlatUnit(model.head, "head") and len(log.events) == 9  # the recorder is closed
 
 
+@exercise("sharded_optimizer", "reduce_scatter_gradients")
 def test_padded():
     assert padded(torch.tensor([1.0, 2.0]), 4).tolist() == [1.0, 2.0, 0.0, 0.0]

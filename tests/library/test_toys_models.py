@@ -17,6 +17,7 @@ from dpcourse.reference.training import sgd
 from dpcourse.topics.ddp.checks import expect_single_process_equivalence
 from dpcourse.toys.data import my_share, smooth_regression_data
 from dpcourse.toys.models import MODELS, deep_mlp, loss_fn
+from markers import exercise
 
 
 def test_models_are_seeded_without_touching_the_global_generator():
@@ -79,6 +80,7 @@ def _train(X, Y, steps, per_rank, divide):
     return first, state_of(model)
 
 
+@exercise("average_gradients", "bucketed_ddp", "accumulating_ddp", "distributed_optimizer")
 def test_averaged_gradients_on_ranks_equal_one_process_and_summed_ones_do_not():
     X, Y = smooth_regression_data(18, seed=2)
     good = launch(_train, 3, X, Y, 2, 3, True)

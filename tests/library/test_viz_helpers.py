@@ -10,6 +10,7 @@ from dpcourse.topics.data_parallel.costs import dataparallel_traffic, print_traf
 from dpcourse.viz.tables import print_table  # noqa: E402
 from dpcourse.viz.timelines import Span, draw_timeline  # noqa: E402
 from dpcourse.viz.widgets import explorer  # noqa: E402
+from markers import exercise  # noqa: E402
 
 
 def test_print_table_aligns_and_leaves_out_an_empty_header(capsys):
@@ -19,6 +20,7 @@ def test_print_table_aligns_and_leaves_out_an_empty_header(capsys):
         "traffic", "rank  bytes", "   0     12", "   1      3", "  a     1.0 MB"]
 
 
+@exercise("mini_data_parallel")
 def test_dataparallel_traffic_table_adds_the_total_through_device_0(capsys):
     print_traffic(dataparallel_traffic(1e6, 2e6, 1e5, devices=2), "two devices")
     lines = capsys.readouterr().out.splitlines()

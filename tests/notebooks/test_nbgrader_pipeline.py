@@ -12,6 +12,7 @@ import pytest
 
 from conftest import REPO
 from grading import ASSIGNMENTS, grade, released_path, solution_path
+from markers import assignment_param
 
 NBGRADER = [sys.executable, "-m", "nbgrader"]
 
@@ -50,7 +51,7 @@ def solution_and_hidden_lines(path):
     return secret
 
 
-@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+@pytest.mark.parametrize("assignment", [assignment_param(a) for a in ASSIGNMENTS])
 def test_course_holds_no_solution_code_and_no_hidden_test(assignment):
     released = released_path(assignment).read_text()
     assert "BEGIN SOLUTION" not in released and "HIDDEN TESTS" not in released
@@ -65,7 +66,7 @@ def test_course_holds_no_solution_code_and_no_hidden_test(assignment):
             assert "BEGIN SOLUTION" not in text and "dpgrader" not in text, path
 
 
-@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+@pytest.mark.parametrize("assignment", [assignment_param(a) for a in ASSIGNMENTS])
 def test_each_solution_passes_nbgrader_validate(assignment):
     proc = subprocess.run([*NBGRADER, "validate", str(solution_path(assignment))],
                           cwd=REPO / "autograder", capture_output=True, text=True, timeout=900)

@@ -20,7 +20,7 @@ from dpcourse.topics.ddp.checks import expect_single_process_equivalence
 from dpcourse.topics.ddp.samplers import expect_len_as_dealt, run_sampler_cases
 from dpcourse.toys.data import my_share, smooth_regression_data
 from dpcourse.toys.models import MODELS
-from dpgrader import ddp_from_scratch_ranks as ranks
+from dpgrader.ddp_from_scratch import ranks
 from dpgrader.ddp_from_scratch.tuned import bucket_assignment
 
 # What each exercise's expected values come from (autograder/exercises.json lists them).

@@ -6,6 +6,8 @@ import subprocess
 import nbformat
 import pytest
 
+from markers import exercise
+
 from .conftest import REPO
 from .steps import (
     code_cells,
@@ -40,6 +42,7 @@ def grade_ids(path):
     return [c.metadata.get("nbgrader", {}).get("grade_id") for c in cells if c.cell_type == "code"]
 
 
+@exercise("my_slice")
 def test_learner_runs_notebook_00_writes_my_slice_and_validates(start_server, page, shots, course_copy):
     server = start_server("lab", make_vars=[f"LAB_ROOT={course_copy}"])
     open_lab(page, server)

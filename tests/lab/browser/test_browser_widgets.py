@@ -5,6 +5,8 @@ import shutil
 import nbformat
 import pytest
 
+from markers import exercise
+
 from .conftest import REPO
 from .steps import (
     appear,
@@ -43,6 +45,7 @@ def code_index(path, text):
     return next(i for i, c in enumerate(cells) if text in c.source)
 
 
+@exercise("ring_all_reduce")
 def test_ring_replay_redraws_when_its_slider_moves(start_server, page, shots, ring_written):
     server = start_server("lab", make_vars=[f"LAB_ROOT={ring_written}"])
     open_lab(page, server)
