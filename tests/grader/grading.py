@@ -29,7 +29,8 @@ VOLATILE = [
     (re.compile(r"\(so did ranks? [\d, and]+\)"), "(so did <ranks>)"),
     # when every rank raised, which one the launcher saw first varies, and with it where the message
     # says it raised
-    (re.compile(r"^(LaunchError: rank <r> of .*?)\bon rank \d+(, stage \d+)?"),
+    # (the first "on rank N" only, already normalised or not: normalising twice changes nothing)
+    (re.compile(r"^(LaunchError: rank <r> of .*?)\bon rank (?:\d+|<r>)(, stage (?:\d+|<s>))?"),
      lambda m: m.group(1) + "on rank <r>" + (", stage <s>" if m.group(2) else "")),
 ]
 # What the table does not compare even in stable cells: whether the other ranks had failed the same way

@@ -11,6 +11,7 @@ import pytest
 from grading import (
     ASSIGNMENTS,
     cell,
+    comparable,
     differences,
     exercise_tests,
     expected_grades,
@@ -97,6 +98,13 @@ def test_first_lines_are_compared_without_what_changes_from_run_to_run():
     assert first_line(raised) == "LaunchError: rank <r> of 4 raised ValueError: x (so did <ranks>)"
     timed = "started 1.25 ms after; it took 0.62 s (torch.save to /tmp/tmpab_c/checkpoint.pt)"
     assert first_line(timed) == "started <t> ms after; it took <t> s (torch.save to <tmp>)"
+    every = "LaunchError: rank 1 of 3 raised RuntimeError: f on rank 1, stage 2 failed -- on rank 1"
+    once = first_line(every)
+    assert once == ("LaunchError: rank <r> of 3 raised RuntimeError: f on rank <r>, stage <s> failed "
+                    "-- on rank 1")
+    assert comparable(once) == comparable(first_line(once)) == once
+    assert comparable("got 1.3702625713293435, now 2") == comparable("got 1.3702625713293437, now 2")
+    assert comparable("got 1.37026, expected 2") != comparable("got 1.37027, expected 2")
     passed = {"points": 1.0, "max_points": 1.0, "message": "passed"}
     graded = {"solution": {"cells": [{"grade_id": "t", "manual": False, **passed}]}}
     assert differences(graded, {"solution": {"t": passed}}) == []
