@@ -27,6 +27,7 @@ ROOT_OPT   := $(if $(filter 0,$(shell id -u)),--allow-root)
 HUB_ROOT       ?= /srv/dpcourse-hub
 HUB_INSTRUCTOR ?= instructor
 HUB_STUDENTS   ?= student-a student-b
+HUB_STAFF      ?= dpcourse-staff
 HUB_PORT       ?= 0
 PROXY_STAMP    := hub/node_modules/.installed
 # The machine packages of `make test` (Debian's names): the browser tests' Chromium, the grading
@@ -91,7 +92,8 @@ formgrader: install  ## JupyterLab on the whole repository, with nbgrader's form
 
 hub: install $(PROXY_STAMP)  ## a class on JupyterHub (as root): users, nbgrader exchange, formgrader; prints the URL and logins
 	@test "$$(id -u)" = 0 || { echo "make hub creates system users and starts servers as them: run \`sudo make hub\`"; exit 1; }
-	$(PY) hub/setup_class.py --root $(HUB_ROOT) --instructor $(HUB_INSTRUCTOR) --students "$(HUB_STUDENTS)" --port $(HUB_PORT)
+	$(PY) hub/setup_class.py --root $(HUB_ROOT) --instructor $(HUB_INSTRUCTOR) --students "$(HUB_STUDENTS)" \
+	  --staff-group $(HUB_STAFF) --port $(HUB_PORT)
 	cd $(HUB_ROOT)/hub && DPCOURSE_HUB_ROOT=$(HUB_ROOT) exec $(BIN)/jupyterhub -f $(CURDIR)/hub/jupyterhub_config.py
 
 hub-remove:  ## remove the class of make hub: its users, HUB_ROOT; the repository's permissions back (as root)
@@ -113,8 +115,8 @@ grade: install  ## grade one notebook as nbgrader would: make grade NB=course/00
 	@test -n "$(NB)" || { echo "usage: make grade NB=path/to/notebook.ipynb"; exit 2; }
 	$(PY) autograder/grade.py $(NB) $(GRADE_OPTS)
 
-autograde: install  ## grade every submission in autograder/submitted/ (JOBS at a time), feedback, grades.csv
-	$(PY) autograder/autograde.py --jobs $(JOBS)
+autograde: install  ## grade every submission in autograder/submitted/ (JOBS at a time), feedback, grades.csv; STUDENT=x: x's only
+	$(PY) autograder/autograde.py --jobs $(JOBS) $(foreach s,$(STUDENT),--student $(s))
 
 lint: install  ## ruff
 	$(BIN)/ruff check .

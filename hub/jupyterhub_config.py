@@ -7,9 +7,10 @@ What a real deployment changes, here:
 - the authenticator: PAM (JupyterHub's default) with the system users setup_class.py made and the
   passwords it printed. A school puts its single sign-on in place of it (`authenticator_class`,
   e.g. oauthenticator's GenericOAuthenticator) and keeps `allowed_users` or uses its groups;
-- the spawner: LocalProcessSpawner, JupyterHub's default (hub/spawner.py): each user's server is a process of that
-  system user, kept apart from the others by file permissions (homes 0700, the exchange's rules, the
-  repository closed to all but the staff). It sets no CPU or memory limit: on a shared machine use
+- the spawner: LocalProcessSpawner, JupyterHub's default (hub/spawner.py): each user's server is a
+  process of that system user, kept apart from the others by file permissions (homes 0700, the
+  exchange's rules, the repository closed to all but the staff). It sets no CPU or memory limit: on
+  a shared machine use
   systemdspawner's SystemdSpawner (limits per user), or DockerSpawner / KubeSpawner for a cluster;
 - the address: 127.0.0.1 here; a hub for a class listens on a public name behind HTTPS
   (`bind_url`, `ssl_cert`/`ssl_key` or a reverse proxy).
@@ -23,7 +24,7 @@ from pathlib import Path
 
 HUB = Path(__file__).resolve().parent
 sys.path.insert(0, str(HUB))
-from spawner import ClassSpawner  # noqa: E402
+from spawner import ClassSpawner, environment  # noqa: E402
 
 ROOT = Path(os.environ["DPCOURSE_HUB_ROOT"])
 CLASS = json.loads((ROOT / "hub" / "class.json").read_text())
@@ -74,17 +75,8 @@ c.LocalProcessSpawner.interrupt_timeout = 10
 
 
 def role_environment(spawner):
-    """What a server is told: students get the class's exchange and their nbgrader settings; the
-    instructor gets the course's own nbgrader configuration on the course root of the class."""
-    env = {"DPCOURSE_COURSE_ID": CLASS["course_id"], "DPCOURSE_EXCHANGE": CLASS["exchange"]}
-    config = Path(CLASS["config"])
-    if spawner.user.name == CLASS["instructor"]:
-        paths = [config / "instructor", Path(CLASS["repo"]) / "autograder"]  # the course's nbgrader_config.py
-        env.update(JUPYTER_CONFIG_PATH=os.pathsep.join(map(str, paths)),
-                   DPCOURSE_COURSE_ROOT=CLASS["course_root"], DPCOURSE_REPO=CLASS["repo"])
-    else:
-        env.update(JUPYTER_CONFIG_PATH=str(config / "student"))
-    spawner.environment.update(env)
+    """Each role's settings (spawner.environment): the exchange, the course root, the configuration."""
+    spawner.environment.update(environment(CLASS, spawner.user.name))
 
 
 c.Spawner.pre_spawn_hook = role_environment

@@ -1,6 +1,6 @@
 """Make a class of this course on this machine, for JupyterHub (`make hub` runs it, as root).
 
-    python hub/setup_class.py --root /srv/dpcourse-hub --instructor instructor --students "student-a student-b"
+    python hub/setup_class.py --root /srv/dpcourse-hub --instructor teacher --students "ada bob"
     python hub/setup_class.py --root /srv/dpcourse-hub --remove   # the class's users, group and files go;
                                                                   # the repository gets its permissions back
 
@@ -196,33 +196,36 @@ def setup(root, instructor, students, staff, port):
     if not students or instructor in students:
         raise SetupError("a class needs an instructor and at least one student, all different")
     check_reachable()
-    root.mkdir(parents=True, exist_ok=True)
-    os.chmod(root, 0o755)
-    (root / "home").mkdir(exist_ok=True)
-    os.chmod(root / "home", 0o755)
     state = root / "hub"
-    state.mkdir(exist_ok=True)
-    os.chmod(state, 0o700)
+    state.mkdir(parents=True, exist_ok=True)
+    for folder, mode in ((root, 0o755), (state, 0o700)):
+        os.chmod(folder, mode)
+    home = instructor_home = home_of(root, instructor)
+    klass = {"repo": str(REPO), "root": str(root), "instructor": instructor, "students": students,
+             "staff_group": staff, "course_id": COURSE_ID, "exchange": str(root / "exchange"),
+             "course_root": str(instructor_home / "dpcourse"), "config": str(root / "config"),
+             "port": port or free_port()}
+    (state / "class.json").write_text(json.dumps(klass, indent=1))  # first: --remove finds the users
+    home.parent.mkdir(exist_ok=True)
+    os.chmod(home.parent, 0o755)
     ensure_group(staff)
-    teacher = ensure_user(instructor, home_of(root, instructor), groups=[staff])
+    teacher = ensure_user(instructor, instructor_home, groups=[staff])
     for student in students:
         ensure_user(student, home_of(root, student))
     passwords = set_passwords([instructor, *students])
     (state / "passwords.json").touch(mode=0o600)
     (state / "passwords.json").write_text(json.dumps(passwords, indent=1))
-    exchange = make_exchange(root)
-    course = make_course_root(home_of(root, instructor), teacher, students)
+    make_exchange(root)
+    make_course_root(instructor_home, teacher, students)
     install_configs(root)
     close_repository(state, grp.getgrnam(staff).gr_gid)
     check_student_view(students[0])
-    port = port or free_port()
-    klass = {"repo": str(REPO), "root": str(root), "instructor": instructor, "students": students,
-             "staff_group": staff, "course_id": COURSE_ID, "exchange": str(exchange), "course_root": str(course),
-             "config": str(root / "config"), "port": port}
-    (state / "class.json").write_text(json.dumps(klass, indent=1))
-    print(f"class ready in {time.monotonic() - started:.1f} s: open http://localhost:{port}/ and log in as")
+    took = time.monotonic() - started
+    print(f"class ready in {took:.1f} s: open http://localhost:{klass['port']}/ and log in as")
     for user, password in passwords.items():
-        role = "instructor (Nbgrader > Formgrader)" if user == instructor else "student (Nbgrader > Assignments)"
+        role = "student (Nbgrader > Assignment List)"
+        if user == instructor:
+            role = "instructor (Nbgrader > Formgrader)"
         print(f"  {user:<16} password {password:<18} {role}")
     print(f"(passwords also in {state / 'passwords.json'}, root only)")
     return klass
@@ -249,7 +252,7 @@ def remove(root):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--root", type=Path, required=True, help="where the class lives (homes, exchange, state)")
+    parser.add_argument("--root", type=Path, required=True, help="the class's folder: homes, exchange, state")
     parser.add_argument("--instructor", default="instructor")
     parser.add_argument("--students", default="student-a student-b", help="user names, separated by spaces")
     parser.add_argument("--staff-group", default="dpcourse-staff")

@@ -63,18 +63,39 @@ def show_interpreter(path, blocker):
         os.close(real)
 
 
+def preexec_for(name):
+    """What runs in a server of user `name` between fork and exec: the namespace (if needed), then
+    JupyterHub's own switch to the user (groups, uid, home as working folder)."""
+    become_user = set_user_setuid(name)
+    path = interpreter()
+    blocker = hidden_by(path)
+    if blocker is None:
+        return become_user
+
+    def preexec():
+        show_interpreter(path, blocker)  # as root, before the process becomes its user
+        become_user()
+
+    return preexec
+
+
+def environment(klass, name):
+    """The variables a server of `name` gets besides JupyterHub's own: students get the class's exchange
+    and their nbgrader settings (config/student); the instructor gets the course's own nbgrader
+    configuration (autograder/nbgrader_config.py) on the class's course root."""
+    env = {"DPCOURSE_COURSE_ID": klass["course_id"], "DPCOURSE_EXCHANGE": klass["exchange"]}
+    config = Path(klass["config"])
+    if name == klass["instructor"]:
+        paths = [config / "instructor", Path(klass["repo"]) / "autograder"]
+        env.update(JUPYTER_CONFIG_PATH=os.pathsep.join(map(str, paths)),
+                   DPCOURSE_COURSE_ROOT=klass["course_root"], DPCOURSE_REPO=klass["repo"])
+    else:
+        env.update(JUPYTER_CONFIG_PATH=str(config / "student"))
+    return env
+
+
 class ClassSpawner(LocalProcessSpawner):
     """LocalProcessSpawner, with the course's Python shown to the server (module docstring)."""
 
     def make_preexec_fn(self, name):
-        become_user = set_user_setuid(name)
-        path = interpreter()
-        blocker = hidden_by(path)
-        if blocker is None:
-            return become_user
-
-        def preexec():
-            show_interpreter(path, blocker)  # as root, before the server becomes its user
-            become_user()
-
-        return preexec
+        return preexec_for(name)

@@ -30,17 +30,14 @@ c.Execute.skip_cells_with_tag = "demo"
 class PrivateSubmit(ExchangeSubmit):
     """nbgrader's submit, but the copy left in the exchange is for the instructor only.
 
-    nbgrader's own makes a submission's files readable by every user (0644, in a folder of mode 0777):
-    only its name, which ends in a random string, hides it. Here its files and folders keep no
-    permission for others; they belong to the inbound folder's group (the instructor's: nbgrader
-    makes inbound set-group-ID), which is how the instructor's `collect` reads them.
+    nbgrader's own leaves a submission readable by every user (its folder 0777, its files 0644): only
+    the folder's name, which ends in a random string, hides it. Here the folder keeps no permission
+    for others, so nothing in it can be reached; it belongs to the inbound folder's group (the
+    instructor's: nbgrader makes inbound set-group-ID), which is how the instructor's `collect` reads it.
     """
 
-    def set_perms(self, dest, fileperms, dirperms):
-        super().set_perms(dest, fileperms & ~0o007, dirperms & ~0o007)
-
     def copy_files(self):
-        super().copy_files()  # ends with chmod 0777 on the submission's folder "so the instructor can delete"
+        super().copy_files()  # ends with chmod 0777 on the submission's folder
         folder = os.path.join(self.inbound_path, self.assignment_filename)
         os.chmod(folder, stat.S_IRWXU | stat.S_IRWXG)
 
