@@ -160,7 +160,8 @@ def check_who_reads_what(hub):
     klass = hub.klass
     course_root = Path(klass["course_root"])
     inbound = Path(klass["exchange"]) / klass["course_id"] / "inbound"
-    submission_of_a = next(inbound.glob(f"{A}+{ASSIGNMENT}+*")) / f"{NOTEBOOK}.ipynb"
+    own = next(p for p in inbound.glob(f"{A}+{ASSIGNMENT}+*") if p.owner() == A)  # B may forge one
+    submission_of_a = own / f"{NOTEBOOK}.ipynb"
     secrets = {
         "the solutions": REPO / "solutions" / ASSIGNMENT / f"{NOTEBOOK}.ipynb",
         "the hidden checks": REPO / "autograder" / "dpgrader" / "orientation.py",
@@ -190,17 +191,42 @@ def check_who_reads_what(hub):
     assert seen.stdout.strip() == "ok", f"A's server cannot run the course's Python: {seen.stderr[-1500:]}"
 
 
+class Clock:
+    """How long each phase of the test took (into the hub's timings: browser-screenshots/.../timings.json)."""
+
+    def __init__(self, timings):
+        self.timings, self.started = timings, time.monotonic()
+        self.last = self.started
+
+    def mark(self, phase):
+        now = time.monotonic()
+        self.timings[phase] = round(now - self.last, 1)
+        self.last = now
+
+    def total(self, name):
+        self.timings[name] = round(time.monotonic() - self.started, 1)
+
+
+def forged_submission_and_due_date(hub):
+    """B submits in A's name (`--student`, which nbgrader lets anyone give): the instructor's collect must
+    not take it for A's (hub/config/instructor/nbgrader_config.py). Then the instructor sets the due date:
+    now, after every submission so far."""
+    nbgrader(hub, B, "submit", ASSIGNMENT, f"--student={A}")
+    now = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
+    nbgrader(hub, INSTRUCTOR, "db", "assignment", "add", ASSIGNMENT, f"--duedate={now} UTC")
+
+
 def test_a_class_on_jupyterhub_from_release_to_feedback(hub, browser, shots):
-    timings = hub.timings
-    started = time.monotonic()
+    clock = Clock(hub.timings)
 
     # Everyone signs in at once (their servers start together); the instructor releases 00.
     teacher, page_a, page_b = (log_in(browser, hub, user) for user in (INSTRUCTOR, A, B))
     lab_ready(teacher, INSTRUCTOR)
-    timings["sign-in until JupyterLab (three users at once)"] = time.monotonic() - started
+    clock.mark("sign-in until JupyterLab (three users at once)")
     formgrader = open_formgrader(teacher)
     formgrader_action(teacher, formgrader, ASSIGNMENT, "assign", "Generate")
     formgrader_action(teacher, formgrader, ASSIGNMENT, "release", "Release")
+    clock.mark("the instructor generates and releases 00")
 
     # Meanwhile, from the command line, C and D submit.
     first_round = InBackground(lambda: first_submissions_of_c_and_d(hub))
@@ -220,23 +246,31 @@ def test_a_class_on_jupyterhub_from_release_to_feedback(hub, browser, shots):
         f"with my_slice written, Validate should fail global_mean's tests only; it said {verdict}: {text}"
     page_a.locator(".lm-TabBar-tab", has_text="Assignments").click()
     submit(assignments_a, ASSIGNMENT)
+    clock.mark("A fetches, writes my_slice, validates, submits")
 
     # B submits the released notebook unchanged.
     lab_ready(page_b, B)
     assignments_b = open_assignments(page_b)
     fetch(assignments_b, ASSIGNMENT)
     submit(assignments_b, ASSIGNMENT)
+    clock.mark("B fetches and submits")
 
     first_round.join(timeout=300)
+    second_round = InBackground(lambda: forged_submission_and_due_date(hub))  # once all have submitted
+    second_round.start()
     check_who_reads_what(hub)
+    second_round.join(timeout=300)
+    clock.mark("C, D submit; B forges A's; the permissions, as each user (command line, waited for)")
 
-    # The instructor collects (the due date passes first), grades with `make autograde`, releases feedback.
-    due = nbgrader(hub, INSTRUCTOR, "db", "assignment", "add", ASSIGNMENT,
-                   f"--duedate={time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC")
+    # The instructor collects, grades with `make autograde` in a terminal, releases the feedback.
     teacher.bring_to_front()
-    formgrader_action(teacher, formgrader, ASSIGNMENT, "collect", "Collect")
-    assert until(teacher, lambda: submissions_count(formgrader, ASSIGNMENT) == "4", "the Formgrader did not "
-                 "count 4 submissions (A, B, C, D)", "step"), due
+    said = formgrader_action(teacher, formgrader, ASSIGNMENT, "collect", "Collect")
+    assert f"submitted in {A}'s name by {B}: not collected" in said, f"the collect said:\n{said}"
+    until(teacher, lambda: submissions_count(formgrader, ASSIGNMENT) == "4",
+          "the Formgrader did not count 4 submissions (A, B, C, D)", "step")
+    collected = Path(hub.klass["course_root"]) / "autograder" / "submitted"
+    assert solution in (collected / A / ASSIGNMENT / f"{NOTEBOOK}.ipynb").read_text(), \
+        "A's collected notebook is not the one A submitted"
     late = InBackground(lambda: late_submission_of_c(hub))  # C, after the due date, while grading goes on
     late.start()
     terminal = open_terminal(teacher)
@@ -246,6 +280,7 @@ def test_a_class_on_jupyterhub_from_release_to_feedback(hub, browser, shots):
     teacher.locator(".lm-TabBar-tab", has_text="Formgrader").click()
     formgrader_action(teacher, formgrader, ASSIGNMENT, "generate-feedback", "Generate Feedback")
     formgrader_action(teacher, formgrader, ASSIGNMENT, "release-feedback", "Release Feedback")
+    clock.mark("the instructor collects, runs make autograde, generates and releases feedback")
 
     # A and B fetch their feedback: 3 / 6 and 0 / 6, without the hidden tests.
     for student, page, assignments, score in ((A, page_a, assignments_a, 3.0),
@@ -261,6 +296,7 @@ def test_a_class_on_jupyterhub_from_release_to_feedback(hub, browser, shots):
         html = next(hub.home(student).glob(f"{ASSIGNMENT}/feedback/*/{NOTEBOOK}.html")).read_text()
         for secret in SECRETS:
             assert secret not in html, f"{student}'s feedback reveals {secret!r}"
+    clock.mark("A and B fetch and open their feedback")
 
     # C's late submission: collected and graded alone, the others keep their grades.
     late.join(timeout=120)
@@ -278,4 +314,5 @@ def test_a_class_on_jupyterhub_from_release_to_feedback(hub, browser, shots):
     assert rows[C]["timestamp"] > rows[C]["duedate"] > rows[A]["timestamp"], \
         f"C's submission should be late and A's on time: {rows[C]}, {rows[A]}"
     assert not rows[D]["timestamp"] and not rows[E]["timestamp"], (rows[D], rows[E])
-    timings["the class, release to late grade"] = time.monotonic() - started
+    clock.mark("C's late submission collected and graded alone")
+    clock.total("the class, from sign-in to the late grade")
