@@ -96,6 +96,23 @@ def formgrader_action(page, formgrader, assignment, column, what):
     return text
 
 
+def set_due_date(page, formgrader, assignment, when):
+    """The Formgrader's pencil (Edit) of an assignment: a due date (UTC, to the second), then Save."""
+    row = assignment_row(formgrader, assignment)
+    click(row.locator("td.edit a"), f"the Formgrader's Edit button of {assignment}")
+    dialog = appear(formgrader.locator("#edit-assignment-modal"), f"the dialog editing {assignment}")
+    dialog.locator("input.modal-duedate").fill(time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(when)))
+    dialog.locator("input.modal-timezone").fill("+0000")
+    click(dialog.locator("button.save"), "the Save button of the Edit dialog")
+    try:
+        dialog.wait_for(state="hidden", timeout=HUB_WAIT["exchange"] * 1000)
+    except PlaywrightTimeout:
+        raise AssertionError(f"the Edit dialog did not close within {HUB_WAIT['exchange']} s") from None
+    shown = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(when))
+    until(page, lambda: shown in row.locator("td.duedate").inner_text(),
+          f"the due date {shown} did not appear in the row of {assignment}", "step")
+
+
 def submissions_count(formgrader, assignment):
     return assignment_row(formgrader, assignment).locator("td.num-submissions").inner_text().strip()
 

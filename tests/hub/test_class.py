@@ -10,6 +10,7 @@ and no student may read the solutions, the hidden checks, the gradebook, another
 """
 
 import csv
+import math
 import re
 import subprocess
 import threading
@@ -31,6 +32,7 @@ from .steps import (
     open_fetched_notebook,
     open_formgrader,
     open_terminal,
+    set_due_date,
     submissions_count,
     submit,
     type_in_terminal,
@@ -102,7 +104,7 @@ class InBackground(threading.Thread):
 
 def first_submissions_of_c_and_d(hub):
     """C submits the solution, then changes their mind and submits the released notebook (collect takes
-    the latest: C scores 0); D submits a file that is not a notebook."""
+    the latest: C scores 0); D submits a file that is not a notebook (without fetching: their own)."""
     work_c, work_d = (hub.home(s) / ASSIGNMENT / f"{NOTEBOOK}.ipynb" for s in (C, D))
     nbgrader(hub, C, "fetch_assignment", ASSIGNMENT)
     released = work_c.read_text()
@@ -110,7 +112,7 @@ def first_submissions_of_c_and_d(hub):
     nbgrader(hub, C, "submit", ASSIGNMENT)
     write_as(hub, C, work_c, released)
     nbgrader(hub, C, "submit", ASSIGNMENT)
-    nbgrader(hub, D, "fetch_assignment", ASSIGNMENT)
+    hub.run_as(D, "mkdir", str(work_d.parent))
     write_as(hub, D, work_d, '{"cells": [ this is not a notebook')
     nbgrader(hub, D, "submit", ASSIGNMENT)
 
@@ -187,8 +189,9 @@ def check_who_reads_what(hub):
     # and as a student's server sees the machine (its own view of the course's Python: hub/spawner.py)
     for what in ("the solutions", "the gradebook"):
         assert hub.run_as(A, "cat", str(secrets[what])).returncode != 0, f"A's server can read {what}"
-    seen = hub.run_as(A, "python", "-c", "import dpcourse, jupyterhub; print('ok')")
-    assert seen.stdout.strip() == "ok", f"A's server cannot run the course's Python: {seen.stderr[-1500:]}"
+    find = "import importlib.util as u; print(all(u.find_spec(m) for m in ('dpcourse', 'torch', 'nbgrader')))"
+    seen = hub.run_as(A, "python", "-c", find)
+    assert seen.stdout.strip() == "True", f"A's server cannot run the course's Python: {seen.stderr[-1500:]}"
 
 
 class Clock:
@@ -207,13 +210,10 @@ class Clock:
         self.timings[name] = round(time.monotonic() - self.started, 1)
 
 
-def forged_submission_and_due_date(hub):
+def forged_submission(hub):
     """B submits in A's name (`--student`, which nbgrader lets anyone give): the instructor's collect must
-    not take it for A's (hub/config/instructor/nbgrader_config.py). Then the instructor sets the due date:
-    now, after every submission so far."""
+    not take it for A's (hub/config/instructor/nbgrader_config.py)."""
     nbgrader(hub, B, "submit", ASSIGNMENT, f"--student={A}")
-    now = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
-    nbgrader(hub, INSTRUCTOR, "db", "assignment", "add", ASSIGNMENT, f"--duedate={now} UTC")
 
 
 def test_a_class_on_jupyterhub_from_release_to_feedback(hub, browser, shots):
@@ -256,14 +256,16 @@ def test_a_class_on_jupyterhub_from_release_to_feedback(hub, browser, shots):
     clock.mark("B fetches and submits")
 
     first_round.join(timeout=300)
-    second_round = InBackground(lambda: forged_submission_and_due_date(hub))  # once all have submitted
+    second_round = InBackground(lambda: forged_submission(hub))
     second_round.start()
     check_who_reads_what(hub)
     second_round.join(timeout=300)
     clock.mark("C, D submit; B forges A's; the permissions, as each user (command line, waited for)")
 
-    # The instructor collects, grades with `make autograde` in a terminal, releases the feedback.
+    # The instructor sets the due date (now: after every submission so far), collects, grades with
+    # `make autograde` in a terminal, releases the feedback.
     teacher.bring_to_front()
+    set_due_date(teacher, formgrader, ASSIGNMENT, math.ceil(time.time()))
     said = formgrader_action(teacher, formgrader, ASSIGNMENT, "collect", "Collect")
     assert f"submitted in {A}'s name by {B}: not collected" in said, f"the collect said:\n{said}"
     until(teacher, lambda: submissions_count(formgrader, ASSIGNMENT) == "4",
