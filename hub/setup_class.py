@@ -66,14 +66,19 @@ def home_of(root, user):
     return root / "home" / user
 
 
-def check_reachable():
-    """The repository's .venv and course/ must be reachable by every user (o+x on every folder above)."""
+def check_reachable(root):
+    """The repository's .venv and course/, and the class's folder (homes, exchange), must be reachable
+    by every user: o+x on every folder above them."""
     for folder in [REPO, *REPO.parents]:
         if not folder.stat().st_mode & 0o001:
             raise SetupError(
                 f"students' servers run the course's Python environment ({REPO / '.venv'}), but {folder} "
                 f"does not let other users through: `chmod o+x {folder}` or clone the course elsewhere "
                 f"(e.g. /srv/dpcourse) and run `make hub` there")
+    for folder in root.parents:
+        if folder.exists() and not folder.stat().st_mode & 0o001:
+            raise SetupError(f"the class's homes and exchange go under {root}, but {folder} does not let "
+                             f"other users through: choose another HUB_ROOT (e.g. /srv/dpcourse-hub)")
 
 
 def ensure_group(name):
@@ -195,7 +200,7 @@ def setup(root, instructor, students, staff, port):
         raise SetupError("making a class creates system users: run it as root (sudo make hub)")
     if not students or instructor in students:
         raise SetupError("a class needs an instructor and at least one student, all different")
-    check_reachable()
+    check_reachable(root)
     state = root / "hub"
     state.mkdir(parents=True, exist_ok=True)
     for folder, mode in ((root, 0o755), (state, 0o700)):

@@ -2,6 +2,7 @@
 
     .venv/bin/python -m pytest tests/lab/browser tests/hub  # browser-screenshots/<test>/NN-<step>.png
     .venv/bin/python tests/lab/browser/docs_pictures.py     # five of them into docs/, trimmed and small
+    .venv/bin/python tests/lab/browser/docs_pictures.py hub-feedback.png   # only the ones named
 
 The committed pictures are for visitors of the repository only: no test compares against them, so a
 change of JupyterLab's look never fails a test, and refreshing them is this one command.
@@ -40,9 +41,15 @@ def trimmed(image):
                        min(right + MARGIN, image.width), min(bottom + MARGIN, image.height)))
 
 
-def main():
+def main(names=()):
     DOCS.mkdir(exist_ok=True)
+    unknown = sorted(set(names) - set(PICTURES))
+    if unknown:
+        print(f"no such picture: {', '.join(unknown)} (known: {', '.join(PICTURES)})", file=sys.stderr)
+        return 2
     for name, (test, step) in PICTURES.items():
+        if names and name not in names:
+            continue
         found = sorted((SHOTS / test).glob(f"[0-9][0-9]-{step}.png"))
         if not found:
             print(f"no screenshot {step!r} of {test} in {SHOTS}: run the browser tests first",
@@ -56,4 +63,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
