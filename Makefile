@@ -34,7 +34,7 @@ PROXY_STAMP    := hub/node_modules/.installed
 # sandbox's bubblewrap, Node.js for the hub's proxy.
 MACHINE_PACKAGES = chromium:chromium bwrap:bubblewrap node:nodejs npm:npm
 
-.PHONY: help install machine-deps browser-deps sandbox-deps proxy lab formgrader hub hub-remove assignments index format grade autograde test lint bench clean
+.PHONY: help install machine-deps browser-deps sandbox-deps proxy lab formgrader as-root hub hub-remove assignments index format grade autograde test lint bench clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 14
@@ -90,13 +90,16 @@ lab: install  ## JupyterLab on the course (what a learner opens)
 formgrader: install  ## JupyterLab on the whole repository, with nbgrader's formgrader (instructors)
 	cd autograder && $(BIN)/jupyter lab --ServerApp.root_dir=$(COURSE_ROOT) $(ROOT_OPT) $(LAB_OPTS)
 
-hub: install $(PROXY_STAMP)  ## a class on JupyterHub (as root): users, nbgrader exchange, formgrader; prints the URL and logins
-	@test "$$(id -u)" = 0 || { echo "make hub creates system users and starts servers as them: run \`sudo make hub\`"; exit 1; }
+# (first of all: a class's system users need root)
+as-root:
+	@test "$$(id -u)" = 0 || { echo "make $(MAKECMDGOALS) manages system users: run \`sudo make $(MAKECMDGOALS)\`"; exit 1; }
+
+hub: as-root install $(PROXY_STAMP)  ## a class on JupyterHub (as root): users, nbgrader exchange, formgrader; prints the URL and logins
 	$(PY) hub/setup_class.py --root $(HUB_ROOT) --instructor $(HUB_INSTRUCTOR) --students "$(HUB_STUDENTS)" \
 	  --staff-group $(HUB_STAFF) --port $(HUB_PORT)
 	cd $(HUB_ROOT)/hub && DPCOURSE_HUB_ROOT=$(HUB_ROOT) exec $(BIN)/jupyterhub -f $(CURDIR)/hub/jupyterhub_config.py
 
-hub-remove:  ## remove the class of make hub: its users, HUB_ROOT; the repository's permissions back (as root)
+hub-remove: as-root  ## remove the class of make hub: its users, HUB_ROOT; the repository's permissions back (as root)
 	$(PY) hub/setup_class.py --root $(HUB_ROOT) --remove
 
 assignments: install  ## regenerate course/ from solutions/ with nbgrader, and the exercise index
@@ -128,7 +131,7 @@ test: machine-deps install $(PROXY_STAMP)  ## lint, then every test (launcher, n
 bench: install  ## benchmarks (speed is measured here, never in tests)
 	@for b in tests/bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
-clean:  ## remove the environment and nbgrader's working files
-	rm -rf $(VENV) autograder/submitted autograder/autograded autograder/feedback \
+clean:  ## remove the environment (and the hub's proxy) and nbgrader's working files
+	rm -rf $(VENV) hub/node_modules autograder/submitted autograder/autograded autograder/feedback \
 	  autograder/gradebook.db autograder/grades.csv .pytest_cache .ruff_cache
 	find . -name __pycache__ -prune -exec rm -rf {} +

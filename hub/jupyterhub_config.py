@@ -10,10 +10,11 @@ What a real deployment changes, here:
 - the spawner: LocalProcessSpawner, JupyterHub's default (hub/spawner.py): each user's server is a
   process of that system user, kept apart from the others by file permissions (homes 0700, the
   exchange's rules, the repository closed to all but the staff). It sets no CPU or memory limit: on
-  a shared machine use
-  systemdspawner's SystemdSpawner (limits per user), or DockerSpawner / KubeSpawner for a cluster;
-- the address: 127.0.0.1 here; a hub for a class listens on a public name behind HTTPS
-  (`bind_url`, `ssl_cert`/`ssl_key` or a reverse proxy).
+  a shared machine use systemdspawner's SystemdSpawner (limits per user), or DockerSpawner /
+  KubeSpawner for many students (the exchange then on a shared volume);
+- the address: 127.0.0.1 and *.localhost here; a hub for a class listens on a public name behind
+  HTTPS, with a wildcard DNS entry for the users' subdomains (`bind_url`, `subdomain_host`,
+  `ssl_cert`/`ssl_key` or a reverse proxy in front).
 """
 
 import json
