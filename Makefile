@@ -23,7 +23,18 @@ COURSE_ROOT = $(or $(DPCOURSE_COURSE_ROOT),$(CURDIR))
 # Jupyter refuses to run as root unless told (containers and CI run as root).
 ROOT_OPT   := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: help install browser-deps sandbox-deps lab formgrader assignments index format grade autograde test test-under-load lint bench clean
+# `make hub`: a class on JupyterHub (hub/). Its users, exchange and state live under HUB_ROOT.
+HUB_ROOT       ?= /srv/dpcourse-hub
+HUB_INSTRUCTOR ?= instructor
+HUB_STUDENTS   ?= student-a student-b
+HUB_STAFF      ?= dpcourse-staff
+HUB_PORT       ?= 0
+PROXY_STAMP    := hub/node_modules/.installed
+# The machine packages of `make test` (Debian's names): the browser tests' Chromium, the grading
+# sandbox's bubblewrap, Node.js for the hub's proxy.
+MACHINE_PACKAGES = chromium:chromium bwrap:bubblewrap node:nodejs npm:npm
+
+.PHONY: help install machine-deps browser-deps sandbox-deps proxy lab formgrader as-root hub hub-remove assignments index format grade autograde test test-under-load lint bench clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 14
@@ -36,7 +47,17 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
 
-install: $(STAMP)  ## create .venv with torch (CPU), JupyterLab, nbgrader (idempotent)
+install: $(STAMP)  ## create .venv with torch (CPU), JupyterLab, nbgrader, JupyterHub (idempotent)
+
+# What `make test` needs from the machine, checked first (a second at most): as root, installed with
+# apt; as anyone else, one line saying the command to run.
+machine-deps:  ## Chromium, bubblewrap, Node.js: what make test and make hub need (Debian/Ubuntu, as root; idempotent)
+	@missing=""; for pair in $(MACHINE_PACKAGES); do command -v $${pair%%:*} >/dev/null 2>&1 || \
+	  missing="$$missing $${pair#*:}"; done; \
+	if [ -z "$$missing" ]; then exit 0; \
+	elif [ "$$(id -u)" = 0 ]; then echo "installing machine packages:$$missing"; \
+	  apt-get update -q && apt-get install -y -q $$missing; \
+	else echo "make test needs machine packages ($${missing# }): run \`sudo make machine-deps\` once"; exit 1; fi
 
 # Chromium is a machine package (apt, as root), so no learner's target installs it: CI runs this
 # (.ci/run) and so does a maintainer, once. Playwright, which drives it, comes with `make install`.
@@ -54,11 +75,32 @@ sandbox-deps:  ## bubblewrap, the grading sandbox (Debian/Ubuntu, as root; idemp
 	else echo "bubblewrap is a system package: run \`sudo make sandbox-deps\` (or sudo apt-get install -y bubblewrap)"; \
 	  exit 1; fi
 
+# configurable-http-proxy, JupyterHub's proxy, from npm into hub/node_modules (git-ignored), never
+# globally; 5.1.0 is the newest whose dependencies all run on Debian 12's Node.js 18.
+$(PROXY_STAMP): hub/package.json hub/package-lock.json
+	@command -v npm >/dev/null 2>&1 || { echo "the hub's proxy comes from npm (Node.js): run \`sudo make machine-deps\`"; exit 1; }
+	cd hub && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+proxy: $(PROXY_STAMP)  ## JupyterHub's proxy (configurable-http-proxy, npm) into hub/node_modules
+
 lab: install  ## JupyterLab on the course (what a learner opens)
 	cd autograder && $(BIN)/jupyter lab --ServerApp.root_dir=$(LAB_ROOT) $(ROOT_OPT) $(LAB_OPTS)
 
 formgrader: install  ## JupyterLab on the whole repository, with nbgrader's formgrader (instructors)
 	cd autograder && $(BIN)/jupyter lab --ServerApp.root_dir=$(COURSE_ROOT) $(ROOT_OPT) $(LAB_OPTS)
+
+# (first of all: a class's system users need root)
+as-root:
+	@test "$$(id -u)" = 0 || { echo "make $(MAKECMDGOALS) manages system users: run \`sudo make $(MAKECMDGOALS)\`"; exit 1; }
+
+hub: as-root install $(PROXY_STAMP)  ## a class on JupyterHub (as root): users, nbgrader exchange, formgrader; prints the URL and logins
+	$(PY) hub/setup_class.py --root $(HUB_ROOT) --instructor $(HUB_INSTRUCTOR) --students "$(HUB_STUDENTS)" \
+	  --staff-group $(HUB_STAFF) --port $(HUB_PORT)
+	cd $(HUB_ROOT)/hub && DPCOURSE_HUB_ROOT=$(HUB_ROOT) exec $(BIN)/jupyterhub -f $(CURDIR)/hub/jupyterhub_config.py
+
+hub-remove: as-root  ## remove the class of make hub: its users, HUB_ROOT; the repository's permissions back (as root)
+	$(PY) hub/setup_class.py --root $(HUB_ROOT) --remove
 
 assignments: install  ## regenerate course/ from solutions/ with nbgrader, and the exercise index
 	$(PY) autograder/notebooks.py $(NOTEBOOKS)
@@ -76,13 +118,13 @@ grade: install  ## grade one notebook as nbgrader would: make grade NB=course/00
 	@test -n "$(NB)" || { echo "usage: make grade NB=path/to/notebook.ipynb"; exit 2; }
 	$(PY) autograder/grade.py $(NB) $(GRADE_OPTS)
 
-autograde: install  ## grade every submission in autograder/submitted/ (JOBS at a time), feedback, grades.csv
-	$(PY) autograder/autograde.py --jobs $(JOBS)
+autograde: install  ## grade every submission in autograder/submitted/ (JOBS at a time), feedback, grades.csv; STUDENT=x: x's only
+	$(PY) autograder/autograde.py --jobs $(JOBS) $(foreach s,$(STUDENT),--student $(s))
 
 lint: install  ## ruff
 	$(BIN)/ruff check .
 
-test: install  ## lint, then every test (launcher, notebooks, grading, lab, browser: needs browser-deps)
+test: machine-deps install $(PROXY_STAMP)  ## lint, then every test (launcher, notebooks, grading, lab, browser, hub)
 	$(BIN)/ruff check .
 	$(PY) -m pytest -n $(JOBS) --dist loadgroup --durations=15
 
@@ -92,7 +134,7 @@ test-under-load: install  ## make test with two busy loops per core beside it: t
 bench: install  ## benchmarks (speed is measured here, never in tests)
 	@for b in tests/bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
-clean:  ## remove the environment and nbgrader's working files
-	rm -rf $(VENV) autograder/submitted autograder/autograded autograder/feedback \
+clean:  ## remove the environment (and the hub's proxy) and nbgrader's working files
+	rm -rf $(VENV) hub/node_modules autograder/submitted autograder/autograded autograder/feedback \
 	  autograder/gradebook.db autograder/grades.csv .pytest_cache .ruff_cache
 	find . -name __pycache__ -prune -exec rm -rf {} +

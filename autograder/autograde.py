@@ -2,6 +2,7 @@
 
     python autograder/autograde.py                # what `make autograde` runs (JOBS=2 by default)
     python autograder/autograde.py --jobs 4 --no-sandbox
+    python autograder/autograde.py --student ada      # one student again (a late submission)
 
 Two phases, so that one bad submission never stops the others and the class grades in parallel
 (they overlap: an assignment is recorded as soon as its last submission is judged):
@@ -39,6 +40,11 @@ PER_SUBMISSION_TIMEOUT = 900  # seconds the judge may spend on one submission
 
 def course_root():
     return Path(os.environ.get("DPCOURSE_COURSE_ROOT", HERE.parent))
+
+
+def gradebook_url(root):
+    """The gradebook: DPCOURSE_DB_URL, else the course root's (as nbgrader_config.py has it)."""
+    return os.environ.get("DPCOURSE_DB_URL") or f"sqlite:///{root / 'autograder' / 'gradebook.db'}"
 
 
 def submissions(root):
@@ -104,7 +110,7 @@ class ClassRun:
         self._progress("")
         for thread in self.threads:
             thread.start()
-        book = Recorder(self.root, os.environ.get("DPCOURSE_DB_URL"), self.verdicts_dir, self.sandboxed)
+        book = Recorder(self.root, gradebook_url(self.root), self.verdicts_dir, self.sandboxed)
         for _ in range(len(self.left)):
             assignment = self._next_judged()
             if assignment is None:
@@ -157,6 +163,9 @@ class ClassRun:
 
         with self.lock:
             excluded = sorted(s for (s, a), r in self.results.items() if a == assignment and r.get("error"))
+        # students not asked for (--student) keep what the gradebook has
+        judged = {s for s, a, _ in self.subs if a == assignment}
+        excluded += sorted({s for s, a, _ in submissions(self.root) if a == assignment} - judged)
         for step in (book.generate, book.autograde, book.feedback):
             try:
                 step(assignment) if step == book.generate else step(assignment, exclude=excluded)
@@ -181,9 +190,13 @@ def main(argv=None):
     parser.add_argument(
         "--no-sandbox", action="store_true", help="grade without the sandbox (not for a class)"
     )
+    parser.add_argument(
+        "--student", action="append", help="grade only this student's submissions (again: a late one); "
+        "the others keep their grades. Repeat for several"
+    )
     args = parser.parse_args(argv)
     root = course_root()
-    subs = submissions(root)
+    subs = [s for s in submissions(root) if not args.student or s[0] in args.student]
     if not subs:
         print(
             f"no submissions in {root / 'autograder' / 'submitted'} "

@@ -36,8 +36,14 @@ c.CourseDirectory.release_directory = "course"
 c.CourseDirectory.submitted_directory = "autograder/submitted"
 c.CourseDirectory.autograded_directory = "autograder/autograded"
 c.CourseDirectory.feedback_directory = "autograder/feedback"
+# what nbgrader writes stays in the course root (the repository, or a class's on the hub: hub/)
+work = os.path.join(c.CourseDirectory.root, "autograder")
 c.CourseDirectory.db_url = os.environ.get(
-    "DPCOURSE_DB_URL", "sqlite:///" + os.path.join(here, "gradebook.db"))
+    "DPCOURSE_DB_URL", "sqlite:///" + os.path.join(work, "gradebook.db"))
+# A class on JupyterHub (`make hub`) names its course and nbgrader's exchange; alone, neither is used.
+c.CourseDirectory.course_id = os.environ.get("DPCOURSE_COURSE_ID", "")
+if os.environ.get("DPCOURSE_EXCHANGE"):
+    c.Exchange.root = os.environ["DPCOURSE_EXCHANGE"]
 
 # Released notebooks carry this stub where the solution was.
 c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
@@ -84,6 +90,6 @@ c.JudgedExecute.sandbox = SANDBOXED
 c.JudgedExecute.run_submission = os.environ.get("DPCOURSE_RUN_KERNEL", "0") == "1"
 if SANDBOXED:
     c.JudgedExecute.kernel_name = KERNEL_NAME
-    spec_folder = kernelspec(pathlib.Path(here) / ".jupyter")
+    spec_folder = kernelspec(pathlib.Path(work) / ".jupyter")
     os.environ["JUPYTER_PATH"] = os.pathsep.join(filter(None, [str(spec_folder),
                                                                os.environ.get("JUPYTER_PATH")]))

@@ -1,7 +1,8 @@
 """Refresh the README's pictures (docs/*.png) from the browser tests' latest screenshots.
 
-    .venv/bin/python -m pytest tests/browser          # writes browser-screenshots/<test>/NN-<step>.png
-    .venv/bin/python tests/browser/docs_pictures.py   # copies three of them into docs/, trimmed and small
+    .venv/bin/python -m pytest tests/lab/browser tests/hub  # browser-screenshots/<test>/NN-<step>.png
+    .venv/bin/python tests/lab/browser/docs_pictures.py     # five of them into docs/, trimmed and small
+    .venv/bin/python tests/lab/browser/docs_pictures.py hub-feedback.png   # only the ones named
 
 The committed pictures are for visitors of the repository only: no test compares against them, so a
 change of JupyterLab's look never fails a test, and refreshing them is this one command.
@@ -21,6 +22,8 @@ PICTURES = {
     "notebook-widget.png": ("test_ring_replay_redraws_when_its_slider_moves", "notebook-widget"),
     "ring-replay.png": ("test_ring_replay_redraws_when_its_slider_moves", "ring-replay"),
     "formgrader.png": ("test_formgrader_lists_the_assignments_and_shows_the_scores", "formgrader"),
+    "hub-assignments.png": ("test_a_class_on_jupyterhub_from_release_to_feedback", "assignments-tab"),
+    "hub-feedback.png": ("test_a_class_on_jupyterhub_from_release_to_feedback", "feedback"),
 }
 MARGIN = 12  # pixels of background kept around the trimmed content
 COLOURS = 64  # a palette this size keeps text and the course's pictures crisp at a fraction of the bytes
@@ -38,9 +41,15 @@ def trimmed(image):
                        min(right + MARGIN, image.width), min(bottom + MARGIN, image.height)))
 
 
-def main():
+def main(names=()):
     DOCS.mkdir(exist_ok=True)
+    unknown = sorted(set(names) - set(PICTURES))
+    if unknown:
+        print(f"no such picture: {', '.join(unknown)} (known: {', '.join(PICTURES)})", file=sys.stderr)
+        return 2
     for name, (test, step) in PICTURES.items():
+        if names and name not in names:
+            continue
         found = sorted((SHOTS / test).glob(f"[0-9][0-9]-{step}.png"))
         if not found:
             print(f"no screenshot {step!r} of {test} in {SHOTS}: run the browser tests first",
@@ -54,4 +63,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
