@@ -21,7 +21,8 @@ a new password):
   repository   closed to other users: every entry at its top but .venv/ (the Python environment every
                server runs) and course/ (the released notebooks and the dpcourse library) is given to
                STAFF with no permission for others. So a student's server can run the course and read
-               nothing of solutions/ or autograder/ (the hidden checks, the planted bugs, the recorded grades).
+               nothing of solutions/ or autograder/ (the hidden checks, the planted bugs, the recorded
+               grades).
 
 Users are marked as the class's (their comment field) and a user of that name that is not is never
 touched. The repository's folders above it must let other users through (o+x): the students' servers
