@@ -99,7 +99,7 @@ def tp_splits(model, tp):
     each rank hidden/tp features and heads/tp whole attention heads (notebooks 08 and 09)."""
     if model["hidden"] % tp:
         return f"a hidden size of {model['hidden']} does not split evenly over tp {tp}"
-    if model["heads"] % tp:
+    if model["heads"] and model["heads"] % tp:  # heads = 0: a model without attention
         return f"{model['heads']} attention heads do not split evenly over tp {tp}"
     return None
 
