@@ -194,8 +194,8 @@ REFUSAL_WITHOUT_THE_MEMORY = Bug(
 
 STAGES_CHECKED_AGAINST_THE_BATCH = Bug(
     "plan", "stages_checked_against_the_batch",
-    patch=[('if model["layers"] % pp or model["batch"] % dp:',
-            'if model["batch"] % pp or model["batch"] % dp:')],
+    patch=[('if model["layers"] % pp or model["batch"] % dp or',
+            'if model["batch"] % pp or model["batch"] % dp or')],
     loses={"test_plan_limits": "do not split evenly into"},
     keeps=["test_plan_basic"])
 
