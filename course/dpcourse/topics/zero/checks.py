@@ -381,14 +381,16 @@ def _expect_fsdp_group(results, members, layout, model, seed, steps, per_rank, w
             a, b = bounds[g]
             first = ref["grads"][0][lo:hi]
             grad = None if result["grads"] is None else result["grads"][u]
-            where = f"{what}, unit {name}, after the first backward"
+            passes = result.get("accumulate", 1)
+            after = "the first backward" if passes == 1 else f"the {passes} backward passes of the first step"
+            where = f"{what}, unit {name}, after {after}"
             if grad is None:
                 raise AssertionError(f"rank {rank}: {where}: its shard has no gradient (.grad is None): "
                                      f"reduce-scatter the unit's gradient into shard.grad")
             grad = grad.reshape(-1)
             if not _close(grad, first[a:b]):
                 hint = ""
-                k = results[0].get("accumulate", 1)
+                k = passes
                 if n > 1 and _close(grad, n * first[a:b]):
                     hint = f" -- {n} times the average: a reduce-scatter sums over ranks; divide by N = {n}"
                 elif (j := _which_chunk(grad, first, bounds, g)) is not None:
