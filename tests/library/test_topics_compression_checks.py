@@ -94,7 +94,7 @@ def test_bit_for_bit_means_bit_for_bit():
 def test_topk_bytes():
     good = [{"ops": [op("all_gather", 24), op("all_gather", 12)]}]
     expect_topk_bytes(good, 3, 8, steps=1, numel=12)
-    with pytest.raises(AssertionError, match="int64 indices"):
+    with pytest.raises(AssertionError, match="8 bytes per index: send the indices as torch.int32"):
         expect_topk_bytes([{"ops": [op("all_gather", 24), op("all_gather", 24)]}], 3, 8, steps=1, numel=12)
     with pytest.raises(AssertionError, match="a sum of sparse vectors is not sparse"):
         expect_topk_bytes([{"ops": [op("all_reduce", 96)]}], 3, 8, steps=1, numel=12)
@@ -141,3 +141,108 @@ def test_server_traffic_in_schedule_order():
     swapped = [{"ops": p2p(("send", 2), ("recv", 2), ("send", 1), ("recv", 1), ("send", 2), ("recv", 2))}]
     with pytest.raises(AssertionError, match=r"update t is worker 1 \+ t mod 2's"):
         expect_server_traffic(swapped + results[1:], updates=3, workers=2, param_bytes=80)
+
+
+def test_topk_bytes_accept_every_all_gather_form_and_name_8_byte_indices():
+    for form in ("all_gather_into_tensor", "all_gather_single"):
+        expect_topk_bytes([{"ops": [op(form, 24), op(form, 12)]}], 3, 8, steps=1, numel=12)
+    # an all-to-all sending every rank the same pairs: 1/N of its input to each (N = 2 here)
+    spread = {"ops": [op("all_to_all_single", 48), op("all_to_all_single", 24)]}
+    expect_topk_bytes([spread, spread], 3, 8, steps=1, numel=12)
+    with pytest.raises(AssertionError, match="not cast to int64 or to the values' float dtype"):
+        expect_topk_bytes([{"ops": [op("all_gather", 24), op("all_gather", 24)]}], 3, 8, steps=1, numel=12)
+
+
+def test_a_residual_of_the_gradient_alone_is_named():
+    grads = dyadic_gradients(2, 3, 12, seed=5)
+    results = topk_results(grads, 3)
+    old = [torch.zeros(12, dtype=grads[0][0].dtype) for _ in grads]
+    for step in range(3):
+        for rank in range(2):  # new residual = gradient - sent, where sent = top-k of gradient + old residual
+            acc = grads[rank][step] + old[rank]
+            new = results[rank]["residuals"][step]
+            sent = acc - new
+            results[rank]["residuals"][step] = grads[rank][step] - sent
+            old[rank] = new
+    with pytest.raises(AssertionError, match="the new residual is gradient - sent, so the old residual"):
+        expect_topk_run(results, grads, 3)
+
+
+def test_local_sgd_in_a_float32_buffer_is_named():
+    with pytest.raises(AssertionError, match="the flat tensor is float32"):
+        expect_local_sgd_calls([{"ops": [op("all_reduce", 1800)] * 2}], steps=6, H=3, param_bytes=3600,
+                               tensors=6)
+
+
+def powersgd_results(scale=1.0, rebound=False, lose_bias_error=False):
+    """Two ranks, one step: fc0.weight (16 x 8) compressed at rank 1, fc0.bias not (as powersgd_run)."""
+    g = torch.Generator().manual_seed(3)
+    local = [{"fc0.weight": torch.randn(16, 8, generator=g, dtype=torch.float64),
+              "fc0.bias": torch.randn(16, generator=g, dtype=torch.float64)} for _ in range(2)]
+    mean = (local[0]["fc0.weight"] + local[1]["fc0.weight"]) / 2
+    p_hat = torch.linalg.qr(mean @ torch.randn(8, 1, generator=g, dtype=torch.float64)).Q
+    applied = {"fc0.weight": scale * p_hat @ (p_hat.T @ mean),
+               "fc0.bias": (local[0]["fc0.bias"] + local[1]["fc0.bias"]) / 2}
+    results = []
+    for r in range(2):
+        grads = dict(applied, **({"fc0.weight": local[r]["fc0.weight"]} if rebound else {}))
+        errors = {name: local[r][name] - grads[name] for name in grads}
+        if lose_bias_error:
+            errors["fc0.bias"] = None
+        results.append({"grads": [grads], "local": [local[r]], "errors_by_step": [errors]})
+    return results
+
+
+def test_powersgd_projection_error_feedback_and_rebinding_are_named():
+    from dpcourse.topics.compression.checks import expect_error_feedback, expect_low_rank, expect_projection
+
+    shapes = {"fc0.weight": (16, 8), "fc0.bias": (16,)}
+    right = powersgd_results()
+    expect_low_rank(right, shapes, 1)
+    expect_error_feedback(right, shapes, 1)
+    expect_projection(right, shapes, 1)
+    with pytest.raises(AssertionError, match="2x the expected values.*divide it by N = 2"):
+        expect_projection(powersgd_results(scale=2.0), shapes, 1)
+    with pytest.raises(AssertionError, match="only rebinds the name M"):
+        expect_low_rank(powersgd_results(rebound=True), shapes, 1)
+    with pytest.raises(AssertionError, match="fc0.bias: state.errors has no entry .*travels uncompressed"):
+        expect_error_feedback(powersgd_results(lose_bias_error=True), shapes, 1)
+
+
+def async_results(delay, workers=2, updates=5, stale_apply=False, lag=0):
+    """A server and its workers as async_run reports them, simulated here (lag: versions that late)."""
+    from dpcourse.topics.compression.data import TASK_MODEL
+    from dpcourse.topics.compression.runs import LR, async_batches, build_model
+    from dpcourse.toys.models import loss_fn
+
+    net = build_model(TASK_MODEL, 0)
+    params = list(net.parameters())
+    versions = [torch.cat([p.detach().reshape(-1) for p in params])]
+    seen = {w: [] for w in range(1, workers + 1)}
+    for t, (x, y) in enumerate(async_batches(updates, 4, 0)):
+        at = versions[max(0, t - delay - lag)]
+        with torch.no_grad():
+            offset = 0
+            for p in params:
+                p.copy_(at[offset:offset + p.numel()].view_as(p))
+                offset += p.numel()
+        grad = torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss_fn(net(x), y), params)])
+        seen[1 + t % workers].append((at.clone(), x.clone()))
+        versions.append((versions[max(0, t - delay)] if stale_apply else versions[-1]) - LR * grad)
+    final, offset = {}, 0
+    for name, p in net.named_parameters():
+        final[name] = versions[-1][offset:offset + p.numel()].view_as(p).clone()
+        offset += p.numel()
+    return [{"state": final, "seen": []}] + [{"seen": seen[w]} for w in range(1, workers + 1)]
+
+
+def test_async_schedule_names_a_stale_application_and_a_wrong_version():
+    from dpcourse.topics.compression.checks import expect_async_schedule
+    from dpcourse.topics.compression.data import TASK_MODEL
+
+    expect_async_schedule(async_results(2), TASK_MODEL, 0, updates=5, per_update=4, delay=2)
+    with pytest.raises(AssertionError, match="apply it to the latest version"):
+        expect_async_schedule(async_results(2, stale_apply=True), TASK_MODEL, 0, updates=5, per_update=4,
+                              delay=2)
+    with pytest.raises(AssertionError, match="update 3 .worker 2. was computed at version 0; expected"):
+        expect_async_schedule(async_results(2, lag=1), TASK_MODEL, 0, updates=5, per_update=4, delay=2)

@@ -3,6 +3,7 @@ each known mistake fails with the message that names it, and the bytes formulas 
 what the steps really send (checked by the same verdicts)."""
 
 import functools
+import re
 
 import pytest
 import torch
@@ -55,6 +56,8 @@ def tp_bug(kind, model, grid, batch, targets, loss_fn, lr):
         x, y = batch.tensor_split(dp)[replica], targets.tensor_split(dp)[replica]
     loss = loss_fn(model(x), y)
     loss.backward()
+    if kind == "loss all-reduced":
+        dist.all_reduce(loss.detach().clone(), group=grid.groups["dp"])
     group = {"over tp": grid.groups["tp"], "over the world": None}.get(kind, grid.groups["dp"])
     with torch.no_grad():
         for p in model.parameters():
@@ -64,7 +67,7 @@ def tp_bug(kind, model, grid, batch, targets, loss_fn, lr):
             p -= lr * p.grad / (1 if kind == "summed" else dp)
             if kind != "not cleared":
                 p.grad = None
-    return loss.item()
+    return loss if kind == "a tensor" else loss.item()
 
 
 @exercise("hybrid_dp_tp_step")
@@ -75,11 +78,13 @@ def tp_bug(kind, model, grid, batch, targets, loss_fn, lr):
     ("summed", "the update is 2x the expected values"),
     ("rows by world rank", "the same rows on every rank of the replica"),
     ("not cleared", "the previous step's gradient was added in again"),
+    ("a tensor", "returned torch.Tensor (requires_grad=True); expected a Python float"),
+    ("loss all-reduced", "ran all_reduce of 8 bytes -- a single value, the loss?"),
 ])
 def test_data_x_tensor_mistakes_are_named(kind, message):
     case = TP_CASES[0]
     runs = run_dp_tp_cases(functools.partial(tp_bug, kind), [case])[0]
-    with pytest.raises(AssertionError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(AssertionError, match=re.escape(message)):
         expect_dp_tp(runs, case, "2 x 2")
 
 

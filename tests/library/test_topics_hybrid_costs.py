@@ -128,3 +128,27 @@ def test_pictures_draw():
     assert set(rows) == {"DP", "ZeRO-3", "TP", "PP", "hybrid (your plan)"}
     assert rows["DP"]["memory"] > cl["memory"] and rows["hybrid (your plan)"]["memory"] < cl["memory"]
     plot_strategies(rows, cl)
+
+
+def test_tp_must_divide_the_hidden_size_and_the_heads():
+    model = dict(params=2e8, layers=4, hidden=1024, heads=16, seq=512, batch=12)
+    six = costs.cluster(nodes=1, gpus_per_node=6)
+    with pytest.raises(ValueError, match="a hidden size of 1024 does not split evenly over tp 3"):
+        costs.predict(model, six, 2, 3, 1, 1)
+    with pytest.raises(ValueError, match="12 attention heads do not split evenly over tp 8"):
+        costs.predict(dict(model, heads=12), costs.cluster(nodes=1), 1, 8, 1, 1)
+    assert costs.tp_splits(dict(model, heads=0), 2) is None  # no attention: the hidden size alone
+    assert {tp for _, tp, _, _ in costs.layouts(model, six)} == {1, 2}
+    best = costs.fastest(model, six)
+    assert (best["dp"], best["tp"], best["pp"], best["micro"]) == (3, 2, 1, 1)
+
+
+def test_the_widget_adds_the_fastest_layout_with_overlap():
+    cl = costs.cluster()
+    rows = strategies(costs.BERT_LARGE, cl, plan=lambda m, c: dict(dp=32, tp=1, pp=8, micro=128),
+                      overlap=True)
+    fastest = rows["fastest with overlap (every layout)"]
+    assert (fastest["dp"], fastest["tp"], fastest["pp"]) == (256, 1, 1)
+    assert fastest["time"] < rows["hybrid (your plan)"]["time"]
+    assert "fastest with overlap (every layout)" not in strategies(costs.BERT_LARGE, cl)
+    assert "do not split evenly over tp 256" in strategies(costs.BERT_LARGE, cl)["TP"]  # 16 heads

@@ -121,3 +121,39 @@ def test_known_mistakes_are_named_without_hanging(fn, message):
     reports = run_grid_cases(fn, 4, [case])[0]
     with pytest.raises(AssertionError, match=message):
         expect_grid(reports, case, "2 x 2")
+
+
+def none_for_an_axis_of_one(dp, tp, pp=1):
+    grid = make_grid_groups(dp, tp, pp=pp)
+    groups = {axis: (None if grid.sizes[axis] == 1 else group) for axis, group in grid.groups.items()}
+    return Grid(grid.sizes, grid.coords, groups)
+
+
+def test_a_missing_group_of_an_axis_of_one_is_named_not_taken_for_swapped_axes():
+    case = dict(dp=1, tp=4)  # dp of size 1: its layout with dp and tp swapped is the same
+    reports = run_grid_cases(none_for_an_axis_of_one, 4, [case])[0]
+    with pytest.raises(AssertionError, match="grid.groups\\['dp'\\] is None") as error:
+        expect_grid(reports, case, "1 x 4")
+    assert "swapped" not in str(error.value) and "a group of one rank" in str(error.value)
+
+
+def accepts_a_smaller_grid(dp, tp, pp=1):
+    if dp * pp * tp > dist.get_world_size():
+        raise ValueError("too big")
+    rank, mesh = dist.get_rank(), layout(dp, pp, tp)
+    groups = {}
+    for dim, axis in enumerate(AXES):
+        for line in mesh.movedim(dim, -1).reshape(-1, mesh.shape[dim]).tolist():
+            group = dist.new_group(line)
+            if rank in line:
+                groups[axis] = group
+    return Grid({"dp": dp, "pp": pp, "tp": tp}, {"dp": 0, "pp": 0, "tp": rank % tp}, groups)
+
+
+def test_a_grid_smaller_than_the_world_must_be_refused_too():
+    cases = [dict(dp=3, tp=2), dict(dp=1, tp=2)]
+    larger, smaller = run_grid_cases(accepts_a_smaller_grid, 4, cases)
+    expect_bad_sizes_refused(larger, "3 x 2", cases[0])
+    with pytest.raises(AssertionError, match="2 is smaller than the world size 4: ranks 2 .. 3"):
+        expect_bad_sizes_refused(smaller, "1 x 2", cases[1])
+    expect_bad_sizes_refused(run_grid_cases(make_grid_groups, 4, cases[1:])[0], "1 x 2", cases[1])

@@ -133,3 +133,46 @@ def test_fsdp_right_results_pass_and_mistakes_are_named(ref):
     with pytest.raises(AssertionError, match="unit fc2, after the first backward.*3 times the average"):
         expect_fsdp(summed, MODEL, SEED, STEPS, PER_RANK)
     assert torch.equal(fsdp_results(ref)[0]["shards"][0], ref["params"][:48])
+
+
+def test_zero1_explicit_shard_and_the_gather_are_judged_by_what_they_show(ref):
+    ignored = zero1_results(ref)
+    ignored[1]["step_error"] = "AttributeError: 'NoneType' object has no attribute 'reshape'"
+    with pytest.raises(AssertionError, match="rank 1: .*must step with that argument, not with the .grads"):
+        expect_zero1(ignored, MODEL, SEED, STEPS, PER_RANK)
+    shards = [ref["params"][a:b].clone() for a, b in chunk_bounds(S, N)]
+    joined = zero1_results(ref)  # the optimizers hold the right shards; the gather kept each piece's padding
+    padded = torch.cat([torch.cat([s, s.new_zeros(332 - s.numel())]) for s in shards])[:S]
+    for r, result in enumerate(joined):
+        result["optimizer"]["values"] = shards[r]
+    offset = 0
+    for name in [n for n, _ in ref["names"]]:
+        k = ref["state"][name].numel()
+        joined[0]["state"][name] = padded[offset:offset + k].view_as(ref["state"][name]).clone()
+        offset += k
+    with pytest.raises(AssertionError, match="element 663, rank 2's shard.*joined with their padding"):
+        expect_zero1(joined, MODEL, SEED, STEPS, PER_RANK)
+
+
+def test_fsdp_gathers_are_judged_before_gradients_and_accumulation_is_named(ref):
+    start = reference_of(MODEL, SEED, 0, PER_RANK, N)["params"]
+    gathered = fsdp_results(ref)
+    lo, hi = 3 * 272 + 144, S  # head: 34 elements, shards of 12, 11, 11
+    pieces = [start[lo + a:lo + b] for a, b in chunk_bounds(hi - lo, N)]
+    for result in gathered:
+        result["gathered"] = [None] * 4 + [torch.cat([torch.cat([p, p.new_zeros(12 - p.numel())])
+                                                      for p in pieces])[:34]]
+    gathered[0]["grads"][0] = gathered[0]["grads"][0] * 2  # a later consequence: not what is reported
+    with pytest.raises(AssertionError, match="unit head, as gathered for its first forward, is not every "
+                                             "rank's shard side by side.*joined with their padding"):
+        expect_fsdp(gathered, MODEL, SEED, STEPS, PER_RANK)
+    accumulated = fsdp_results(ref)
+    for result in accumulated:
+        result["accumulate"] = 2
+    expect_fsdp(accumulated, MODEL, SEED, STEPS, PER_RANK)  # twice the passes, twice the bytes: allowed
+    from dpcourse.topics.zero.checks import _last_part
+    last = _last_part(MODEL, SEED, STEPS, PER_RANK, N, 2)
+    a, b = chunk_bounds(144, N)[0]
+    accumulated[0]["grads"][0] = last[a:b].clone()
+    with pytest.raises(AssertionError, match="the last backward's gradient alone.*add the reduce-scattered"):
+        expect_fsdp(accumulated, MODEL, SEED, STEPS, PER_RANK)

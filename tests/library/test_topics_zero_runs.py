@@ -39,6 +39,10 @@ def test_a_failing_run_names_the_class_and_a_freed_unit_gets_its_explanation():
         launch_run(zero1_run, 2, Unwritten, "deep_mlp", 0, 1, 2)
     assert "Gather a unit" in explain_crash("RuntimeError: ... out of bounds for storage of size 0")
     assert explain_crash("RuntimeError: something else") == ""
+    wrong_unit = explain_crash("RuntimeError: ... of size 0 [not gathered: fc0; gathered before it: head]")
+    assert "fc0 ran its forward while freed, and the unit gathered just before it was head" in wrong_unit
+    assert "default arguments" in wrong_unit
+    assert "Gather a unit" in explain_crash("RuntimeError: ... [not gathered: fc0; gathered before it: None]")
     assert model_label(("deep_mlp", {"width": 5})) == "deep_mlp(width=5)"
 
 

@@ -2,13 +2,14 @@
 
 At least four per exercise. The grid: groups created in a different order on some ranks, only the
 groups a rank belongs to, dp and tp swapped in the rank -> coordinate map, a wrong pipeline
-coordinate, no ValueError for a grid that does not fit. Data x tensor: gradients averaged over
-the tp group (the wrong group), over the whole world, over dp *and* tp, summed instead of
-averaged, rows sliced by world rank, gradients never cleared. Data x pipeline: the stage's
+coordinate, no ValueError for a grid that does not fit, none for a grid smaller than the world,
+no group (None) for an axis of size 1. Data x tensor: gradients averaged over the tp group (the
+wrong group), over the whole world, over dp *and* tp, summed instead of averaged, rows sliced by
+world rank, gradients never cleared, the loss returned as a tensor, the loss all-reduced over dp. Data x pipeline: the stage's
 neighbours taken as ranks 0 .. pp - 1, the stage index from the dp coordinate, gradients averaged
 over the pipeline, summed, rows sliced by stage. The planner: memory ignored, only one micro-batch,
 the first layout that fits, a refusal that names no memory, stages checked against the batch
-instead of the layers.
+instead of the layers, a tp that does not divide the hidden size or the heads.
 """
 
 from dpgrader.planted import Bug
@@ -44,6 +45,20 @@ PIPELINE_COORDINATE_WITHOUT_MODULO = Bug(
     patch=[('"pp": rank // tp % pp', '"pp": rank // tp')],
     loses={"test_make_grid_groups_basic": "rank 2's coordinates are",
            "test_make_grid_groups_shapes": "coordinates are"})
+
+SMALLER_GRID_ACCEPTED = Bug(  # refuses only a grid larger than the world: ranks 2, 3 of dp 1 x tp 2 have no place
+    "make_grid_groups", "smaller_grid_accepted",
+    patch=[("    if dp * pp * tp != world:\n", "    if dp * pp * tp > world:\n"),
+           ("    mesh = torch.arange(world).view(dp, pp, tp)\n", "    mesh = torch.arange(dp * pp * tp).view(dp, pp, tp)\n")],
+    loses={"test_make_grid_groups_shapes": "smaller than the world size 4"},
+    keeps=["test_make_grid_groups_basic"])
+
+SIZE_ONE_AXIS_WITHOUT_A_GROUP = Bug(  # None for an axis of one rank: the pp axis of a 2-D grid
+    "make_grid_groups", "size_one_axis_without_a_group",
+    patch=[("            group = dist.new_group(members)  # every rank creates every group\n",
+            "            group = dist.new_group(members) if len(members) > 1 else None\n")],
+    loses={"test_make_grid_groups_basic": "grid.groups['pp'] is None",
+           "test_make_grid_groups_shapes": "still needs a process group"})
 
 NO_VALUE_ERROR = Bug(
     "make_grid_groups", "no_value_error",
@@ -88,6 +103,21 @@ ROWS_BY_WORLD_RANK = Bug(
             "    world, rank = dist.get_world_size(), dist.get_rank()\n"
             "    x, y = batch.tensor_split(world)[rank], targets.tensor_split(world)[rank]")],
     loses={"test_hybrid_dp_tp_step_basic": "the same rows on every rank of the replica"})
+
+LOSS_RETURNED_AS_A_TENSOR = Bug(
+    TP_STEP, "loss_returned_as_a_tensor",
+    patch=[("    return loss.item()\n", "    return loss\n")],
+    loses={"test_hybrid_dp_tp_step_basic": "expected a Python float",
+           "test_hybrid_dp_tp_step_training": "return loss.item()"})
+
+LOSS_ALL_REDUCED_OVER_DP = Bug(  # the whole batch's loss: 8 more bytes on the dp group, and the wrong loss
+    TP_STEP, "loss_all_reduced_over_dp",
+    patch=[("    return loss.item()\n",
+            "    total = loss.detach().clone()\n"
+            "    dist.all_reduce(total, group=grid.groups[\"dp\"])\n"
+            "    return total.item() / dp\n")],
+    loses={"test_hybrid_dp_tp_step_basic": "a single value, the loss?",
+           "test_hybrid_dp_tp_step_training": "its only communication is the gradients' all-reduces"})
 
 GRADIENTS_NOT_CLEARED = Bug(
     TP_STEP, "gradients_not_cleared",
@@ -164,16 +194,22 @@ REFUSAL_WITHOUT_THE_MEMORY = Bug(
 
 STAGES_CHECKED_AGAINST_THE_BATCH = Bug(
     "plan", "stages_checked_against_the_batch",
-    patch=[('if model["layers"] % pp or model["batch"] % dp:',
-            'if model["batch"] % pp or model["batch"] % dp:')],
+    patch=[('if model["layers"] % pp or model["batch"] % dp or',
+            'if model["batch"] % pp or model["batch"] % dp or')],
     loses={"test_plan_limits": "do not split evenly into"},
     keeps=["test_plan_basic"])
 
+TP_NOT_CHECKED_AGAINST_THE_FEATURES = Bug(  # tp 3 of 6 GPUs does not divide 1024 features: predict refuses
+    "plan", "tp_not_checked_against_the_features",
+    patch=[(' or model["hidden"] % tp or model["heads"] % tp:', ":")],
+    loses={"test_plan_limits": "does not split evenly over tp 3"},
+    keeps=["test_plan_basic"])
+
 BUGS = [GROUPS_IN_ANOTHER_ORDER_ON_ODD_RANKS, ONLY_ITS_OWN_GROUPS, DP_AND_TP_SWAPPED,
-        PIPELINE_COORDINATE_WITHOUT_MODULO, NO_VALUE_ERROR,
+        PIPELINE_COORDINATE_WITHOUT_MODULO, NO_VALUE_ERROR, SMALLER_GRID_ACCEPTED, SIZE_ONE_AXIS_WITHOUT_A_GROUP,
         AVERAGED_OVER_TP, AVERAGED_OVER_THE_WORLD, TP_GRADIENTS_ALSO_ALL_REDUCED_OVER_TP, SUMMED_NOT_AVERAGED,
-        ROWS_BY_WORLD_RANK, GRADIENTS_NOT_CLEARED,
+        ROWS_BY_WORLD_RANK, GRADIENTS_NOT_CLEARED, LOSS_RETURNED_AS_A_TENSOR, LOSS_ALL_REDUCED_OVER_DP,
         NEIGHBOURS_BY_POSITION, STAGE_INDEX_FROM_DP, AVERAGED_OVER_THE_PIPELINE, PIPELINE_SUMMED_NOT_AVERAGED,
         ROWS_BY_STAGE,
         MEMORY_IGNORED, ONE_MICRO_BATCH_ONLY, FIRST_LAYOUT_THAT_FITS, REFUSAL_WITHOUT_THE_MEMORY,
-        STAGES_CHECKED_AGAINST_THE_BATCH]
+        STAGES_CHECKED_AGAINST_THE_BATCH, TP_NOT_CHECKED_AGAINST_THE_FEATURES]

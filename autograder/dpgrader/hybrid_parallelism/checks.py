@@ -9,7 +9,8 @@ Yardsticks, all independent of the learner's code:
     each case's grid and model are built in the ranks with init_device_mesh and the course's
     layers, never with the learner's grid;
   * plan: every layout tried here (`best_layout`), with the released cost model.
-Hidden cases: grids of 1 x 4, 4 x 1 and 2 x 2 (and 3-D grids on 4 and 8 ranks for the groups),
+Hidden cases: grids of 1 x 4, 4 x 1 and 2 x 2 (and 3-D grids on 4 and 8 ranks for the groups, and grids
+larger and smaller than the world),
 several steps in float64, 1 to 3 blocks with and without biases, 1 to 4 pipeline stages with a
 stage of no parameters and m from 1 to 4, and small clusters where the best layout is hybrid,
 pure, or where nothing fits.
@@ -45,7 +46,8 @@ REFERENCES = {
 GRIDS = {4: [dict(dp=2, tp=2), dict(dp=1, tp=4), dict(dp=4, tp=1), dict(dp=1, tp=2, pp=2),
               dict(dp=2, tp=1, pp=2)],
          8: [dict(dp=2, tp=2, pp=2), dict(dp=1, tp=4, pp=2), dict(dp=4, tp=2, pp=1)]}
-BAD = {4: dict(dp=2, tp=3), 8: dict(dp=3, tp=3)}
+BAD = {4: [dict(dp=2, tp=3), dict(dp=1, tp=1, pp=2)],   # larger and smaller than the world
+       8: [dict(dp=3, tp=3), dict(dp=2, tp=2)]}
 
 
 def _shape(case):
@@ -54,10 +56,11 @@ def _shape(case):
 
 def check_make_grid_groups(make_grid_groups):
     for world, cases in GRIDS.items():
-        reports = run_grid_cases(make_grid_groups, world, cases + [BAD[world]])
+        reports = run_grid_cases(make_grid_groups, world, cases + BAD[world])
         for case, case_reports in zip(cases, reports, strict=False):
             expect_grid(case_reports, case, f"{_shape(case)} on {world} ranks")
-        expect_bad_sizes_refused(reports[-1], f"{_shape(BAD[world])} on {world} ranks")
+        for case, case_reports in zip(BAD[world], reports[len(cases):], strict=True):
+            expect_bad_sizes_refused(case_reports, f"{_shape(case)} on {world} ranks", case)
 
 
 # --------------------------------------------------------------------------- 2. data x tensor

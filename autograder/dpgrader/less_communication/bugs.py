@@ -3,10 +3,11 @@
 Realistic mistakes, at least four per exercise: top-k of the values instead of the magnitudes, int64
 indices, signs dropped, k off by one, no check of k, a decompressed tensor sized by its largest index;
 no error feedback, a residual that keeps what was sent, an average before compression, a dense
-all-reduce instead of the all-gather, a sum for an average, k split over the ranks; PowerSGD without
-error feedback, with errors never kept, every matrix compressed, Q or the uncompressed sum not averaged,
-no warm start; local SGD averaging every step, counting steps from 0, one all-reduce per tensor, a sum,
-no write-back; a parameter server off by one in the staleness, applying the gradient to the stale
+all-reduce instead of the all-gather, a sum for an average, k split over the ranks, indices sent as
+floats, a residual of the gradient alone; PowerSGD without error feedback, with errors never kept or kept
+only for the compressed matrices, every matrix compressed, Q or the uncompressed sum not averaged, no warm
+start, the decompressed matrix rebound instead of copied; local SGD averaging every step, counting steps
+from 0, one all-reduce per tensor, a sum, no write-back, a float32 buffer; a parameter server off by one in the staleness, applying the gradient to the stale
 version, ignoring the delay, serving workers in the wrong order, workers on the wrong batches.
 """
 
@@ -77,6 +78,17 @@ BUGS = [
                       "    total = topk_decompress(values, indices, wanted.numel())\n"
                       "    dist.all_reduce(total)\n")],
               loses=_both(TOPK_ALL_REDUCE, "a sum of sparse vectors is not sparse")),
+    _topk_bug("indices_sent_as_float64",  # the indices cast to the values' dtype for the all-gather
+              patch=[("    gathered_indices = [torch.empty_like(indices) for _ in range(world_size)]\n",
+                      "    gathered_indices = [torch.empty_like(values) for _ in range(world_size)]\n"),
+                     ("    dist.all_gather(gathered_indices, indices)\n",
+                      "    dist.all_gather(gathered_indices, indices.to(values.dtype))\n")],
+              loses=_both(TOPK_ALL_REDUCE, "not cast to int64 or to the values' float dtype")),
+    _topk_bug("residual_from_the_gradient_alone",  # gradient - sent: the old residual is lost
+              patch=[("new_residual = wanted - topk_decompress(values, indices, wanted.numel())",
+                      "new_residual = grad - topk_decompress(values, indices, wanted.numel())")],
+              loses={"test_topk_all_reduce_error_feedback": "the new residual is gradient - sent"},
+              keeps=["test_topk_all_reduce_one_step"]),
     _topk_bug("topk_sum_not_average",
               patch=[("return total / world_size, new_residual", "return total, new_residual")],
               loses=_both(TOPK_ALL_REDUCE, "x the expected values")),
@@ -100,7 +112,19 @@ BUGS = [
         loses=_both(POWERSGD, "compress a matrix only when its factors are smaller")),
     Bug("powersgd_hook", "q_not_averaged",
         patch=[("        flat_q /= world_size\n", "")],
-        loses={"test_powersgd_hook_rank_one": "x the expected values"},
+        loses={"test_powersgd_hook_rank_one": "Q is all-reduced as a sum over ranks; divide it by N = 2"},
+        keeps=["test_powersgd_hook_uncompressed"]),
+    Bug("powersgd_hook", "decompressed_matrix_rebound",  # M = ... rebinds the name; the bucket keeps M
+        patch=[("            M.copy_(P_hat @ state.qs[p].T)\n", "            M = P_hat @ state.qs[p].T\n")],
+        loses={"test_powersgd_hook_rank_one": "only rebinds the name M"},
+        keeps=["test_powersgd_hook_uncompressed"]),
+    Bug("powersgd_hook", "errors_only_for_compressed_matrices",
+        patch=[("        for p, g, w in zip(params, grads, wanted, strict=True):\n"
+                "            state.errors[p] = w - g\n",
+                "        for p, g, w in zip(params, grads, wanted, strict=True):\n"
+                "            if compressible(tuple(g.shape), state.matrix_rank):\n"
+                "                state.errors[p] = w - g\n")],
+        loses={"test_powersgd_hook_rank_one": "it travels uncompressed at rank 1, and needs one"},
         keeps=["test_powersgd_hook_uncompressed"]),
     Bug("powersgd_hook", "uncompressed_sum_not_averaged",
         patch=[("average, offset = flat / world_size, 0", "average, offset = flat, 0")],
@@ -132,6 +156,10 @@ BUGS = [
     Bug("local_sgd", "parameters_summed_not_averaged",
         patch=[("                flat /= world_size\n", "")],
         loses={"test_local_sgd_h1": "should train like one process"}),
+    Bug("local_sgd", "float32_buffer",  # the flat copy in float32: half the bytes, every parameter rounded
+        patch=[("                flat = torch.cat([p.reshape(-1) for p in params])\n",
+                "                flat = torch.cat([p.reshape(-1) for p in params]).float()\n")],
+        loses=_both(LOCAL_SGD, "the flat tensor is float32")),
     Bug("local_sgd", "average_not_written_back",
         patch=[("                    p.copy_(flat[offset:offset + p.numel()].view_as(p))\n", "")],
         loses={"test_local_sgd_h1": "should train like one process",
@@ -143,11 +171,11 @@ BUGS = [
                 "dist.send(versions[max(0, t - delay - 1)], dst=worker)"),
                ("versions.pop(t - delay, None)", "versions.pop(t - delay - 1, None)")],
         loses={"test_async_sgd_no_delay": "at version t, the newest",
-               "test_async_sgd_delay": "should match the simulation"}),
+               "test_async_sgd_delay": "expected version max(0, t - 2)"}),
     Bug("async_sgd", "gradient_applied_to_the_stale_version",
         patch=[("versions[t + 1] = versions[t] - lr * gradient",
                 "versions[t + 1] = versions[max(0, t - delay)] - lr * gradient")],
-        loses={"test_async_sgd_delay": "to the latest version"},
+        loses={"test_async_sgd_delay": "apply it to the latest version"},
         keeps=["test_async_sgd_no_delay"]),
     Bug("async_sgd", "delay_ignored",
         patch=[("dist.send(versions[max(0, t - delay)], dst=worker)", "dist.send(versions[t], dst=worker)")],

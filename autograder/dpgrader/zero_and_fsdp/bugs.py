@@ -45,6 +45,16 @@ BUGS = [
                         "        dist.all_reduce(flat)\n")],
         loses={"test_sharded_optimizer_basic": "2.00x an all-gather of the shards",
                "test_sharded_optimizer_uneven": "An all-reduce would send twice that"}),
+    Bug("sharded_optimizer", "gradient_shard_ignored",  # always slices the .grads, which ZeRO-2 has freed
+        patch=[("        if gradient_shard is None:\n            gradient_shard = torch.cat(",
+                "        if True:\n            gradient_shard = torch.cat(")],
+        loses={"test_sharded_optimizer_uneven": "it must step with that argument, not with the .grads"},
+        keeps=["test_sharded_optimizer_basic"]),
+    Bug("sharded_optimizer", "shards_joined_with_their_padding",  # 994 on 3 ranks: pieces 332, 331+1, 331+1
+        patch=[("        flat = torch.cat([piece[:b - a] for piece, (a, b) in zip(pieces, self.bounds, strict=True)])\n",
+                "        flat = torch.cat(pieces)[:self.numel]\n")],
+        loses={"test_sharded_optimizer_uneven": "joined with their padding and cut at the end"},
+        keeps=["test_sharded_optimizer_basic"]),
     Bug("sharded_optimizer", "shard_slice_not_cloned",  # a view keeps the whole flat copy alive
         patch=[("self.shard = flat[start:stop].clone().requires_grad_(True)",
                 "self.shard = flat[start:stop].requires_grad_(True)")],
@@ -102,6 +112,29 @@ BUGS = [
                 "            output.register_hook(lambda grad: self._gather(unit, shard))\n", "")],
         loses={"test_mini_fsdp_basic": "parameters were used while freed",
                "test_mini_fsdp_memory_and_traffic": "before its forward and again before its backward"}),
+    Bug("mini_fsdp", "shard_grad_replaced_not_added",  # the last backward's part only, with accumulation
+        patch=[("shard.grad = mine if shard.grad is None else shard.grad + mine", "shard.grad = mine")],
+        loses={"test_mini_fsdp_memory_and_traffic": "add the reduce-scattered part to an existing shard.grad"},
+        keeps=["test_mini_fsdp_basic"]),
+    Bug("mini_fsdp", "late_bound_forward_hooks",  # every forward hook sees the loop's last unit, head
+        patch=[("            child.register_forward_pre_hook(lambda m, args, unit=unit, shard=shard: "
+                "self._gather(unit, shard))\n",
+                "            child.register_forward_pre_hook(lambda m, args: self._gather(unit, shard))\n"),
+               ("                lambda m, args, output, unit=unit, shard=shard: self._after_forward(unit, shard, "
+                "output))\n",
+                "                lambda m, args, output: self._after_forward(unit, shard, output))\n")],
+        loses={"test_mini_fsdp_basic": "bind each hook to its own with default arguments",
+               "test_mini_fsdp_memory_and_traffic": "the hooks gather the wrong unit"}),
+    Bug("mini_fsdp", "gather_copies_its_own_piece",  # every piece j filled from this rank's own shard
+        patch=[("            buffer[a:b] = piece[:b - a]\n", "            buffer[a:b] = pieces[self.rank][:b - a]\n")],
+        loses={"test_mini_fsdp_basic": "as gathered for its first forward",
+               "test_mini_fsdp_memory_and_traffic": "piece j of the all-gather belongs at chunk_bounds"}),
+    Bug("mini_fsdp", "unit_gathered_with_its_padding",  # head (34) on 3 ranks: 12, 11 + 1, 11 + 1
+        patch=[("        for piece, (a, b) in zip(pieces, chunk_bounds(unit.numel, self.world), strict=True):\n"
+                "            buffer[a:b] = piece[:b - a]\n",
+                "        buffer.copy_(torch.cat(pieces)[:unit.numel])\n")],
+        loses={"test_mini_fsdp_memory_and_traffic": "joined with their padding and cut at the end"},
+        keeps=["test_mini_fsdp_basic"]),
     Bug("mini_fsdp", "torch_chunk_shards",  # a consistent layout, but torch.chunk's rule, not tensor_split's
         source=CEIL_BOUNDS + solution_code(ASSIGNMENT, "mini_fsdp").replace("chunk_bounds(", "ceil_bounds("),
         loses={"test_mini_fsdp_memory_and_traffic": "unit head: its shard has 12 elements, expected 11"},

@@ -7,7 +7,8 @@ chunk_bounds, the ring byte counts of the calls on the wire (the grader's router
 grading) and the FlatUnit log. The cases add what the visible tests leave out: 1 and 4
 ranks, parameter counts N does not divide (147 = 37+37+37+36 on 4 ranks, 306 =
 77+77+76+76), frozen parameters, the explicit gradient shard of ZeRO-2's step, and MiniFSDP
-on two process groups of 2 ranks each. One launch per case: the traffic of a launch is
+on two process groups of 2 ranks each and with two backward passes per step (accumulation). One
+launch per case: the traffic of a launch is
 judged whole.
 """
 
@@ -28,8 +29,8 @@ NARROW = ("deep_mlp", {"width": 5})  # 147 parameters: uneven shards on 2 and 4 
 
 
 def check_sharded_optimizer(ShardedOptimizer):
-    for world_size, model, seed, steps, per_rank, explicit in [(4, NARROW, 5, 3, 2, False),
-                                                               (4, "frozen_first_layer", 6, 2, 2, True),
+    for world_size, model, seed, steps, per_rank, explicit in [(4, NARROW, 5, 3, 2, True),
+                                                               (4, "frozen_first_layer", 6, 2, 2, False),
                                                                (1, "deep_mlp", 7, 2, 4, False)]:
         results = launch_run(zero1_run, world_size, ShardedOptimizer, model, seed, steps, per_rank, explicit)
         how = ", step(gradient_shard)" if explicit else ""
@@ -46,11 +47,12 @@ def check_reduce_scatter_gradients(reduce_scatter_gradients):
 
 
 def check_mini_fsdp(MiniFSDP):
-    for world_size, model, seed, steps, per_rank, groups in [(4, "deep_mlp", 11, 2, 2, None),
-                                                             (4, "deep_mlp", 12, 2, 2, [[0, 1], [2, 3]]),
-                                                             (2, "frozen_first_layer", 13, 2, 2, None),
-                                                             (1, NARROW, 14, 2, 4, None)]:
-        results = launch_run(fsdp_run, world_size, MiniFSDP, model, seed, steps, per_rank, groups)
-        how = f", groups {groups}" if groups else ""
+    for world_size, model, seed, steps, per_rank, groups, accumulate in [
+            (4, "deep_mlp", 11, 2, 2, None, 1), (4, "deep_mlp", 12, 2, 2, [[0, 1], [2, 3]], 1),
+            (2, "frozen_first_layer", 13, 2, 2, None, 2), (1, NARROW, 14, 2, 4, None, 1)]:
+        results = launch_run(fsdp_run, world_size, MiniFSDP, model, seed, steps, per_rank, groups,
+                             accumulate=accumulate)
+        how = (f", groups {groups}" if groups else "") + (f", {accumulate} backward passes per step"
+                                                         if accumulate > 1 else "")
         expect_fsdp(results, model, seed, steps, per_rank,
                     what=f"MiniFSDP ({model_label(model)}, {world_size} ranks{how})")

@@ -49,6 +49,11 @@ def expect_tensor(got, expected, what, exact=True, atol=1e-12):
                              f"{_first_difference(got, expected)}{ratio_hint(got, expected)}")
 
 
+def _brief(x):
+    """'a float32 tensor of shape (2, 7)': a tensor named in a call, short and never cut mid-word."""
+    return f"a {str(x.dtype).removeprefix('torch.')} tensor of shape {tuple(x.shape)}"
+
+
 # -- top-k ---------------------------------------------------------------------------------------------
 
 def top_positions(tensor, k):
@@ -58,7 +63,7 @@ def top_positions(tensor, k):
 
 def expect_topk_pair(got, x, k, what="topk_compress"):
     """got = topk_compress(x, k): k values (x's dtype) and k int32 indices of x's largest |entries|."""
-    call = f"{what}({describe(x)[:60]}, k={k})"
+    call = f"{what}({_brief(x)}, k={k})"
     if not (isinstance(got, (tuple, list)) and len(got) == 2
             and all(isinstance(t, torch.Tensor) for t in got)):
         raise AssertionError(f"{call} should return (values, indices), two tensors; "
@@ -131,6 +136,12 @@ def _expect_split(acc, new, grad, old, k, where, error_feedback):
     rest = torch.ones(acc.numel(), dtype=torch.bool)
     rest[top] = False
     if not torch.equal(flat_new[rest], flat_acc[rest]):
+        if old.any() and torch.equal(flat_new[rest], grad.reshape(-1)[rest]) and \
+                torch.equal(flat_new[top], -old.reshape(-1)[top]):
+            raise AssertionError(f"{where}: the new residual is gradient - sent, so the old residual is "
+                                 f"lost: it must be gradient + old residual - sent, everything this rank "
+                                 f"wanted to send this step and did not (sent + new residual = gradient + "
+                                 f"old residual)")
         if old.any() and torch.equal(flat_new[rest], grad.reshape(-1)[rest]):
             raise AssertionError(f"{where}: the new residual holds only this step's gradient where nothing "
                                  f"was sent, without the old residual: add the residual to the gradient "
@@ -166,24 +177,36 @@ def collectives(ops, ignore=("broadcast",)):
     return [o for o in ops if o.op not in ("send", "recv", "recv_any_source") and o.op not in ignore]
 
 
+GATHERS = ("all_gather", "all_gather_into_tensor", "all_gather_single")  # what each rank hands in: its part
+SPREADS = ("all_to_all", "all_to_all_single")  # its input: one part per rank, each rank receiving one
+
+
+def _handed(o, world_size):
+    """Bytes of its own pairs a rank hands to every other rank in one call (an all-to-all sends
+    1/N of its input to each rank: sending its pairs to all, it repeats them N times)."""
+    return o.nbytes / world_size if o.op in SPREADS else o.nbytes
+
+
 def expect_topk_bytes(results, k, element_size, steps, numel):
-    """Each rank handed exactly steps · k·(e + 4) bytes to all-gathers, and used no other collective."""
+    """Each rank handed exactly steps · k·(e + 4) bytes to all-gathers (in any of torch's forms, or as
+    an all-to-all that sends every rank the same pairs), and used no other collective."""
     want = steps * topk_handed_bytes(k, element_size)
     for rank, result in enumerate(results):
         calls = collectives(result["ops"], ignore=())
-        others = sorted({o.op for o in calls if o.op != "all_gather"})
+        others = sorted({o.op for o in calls if o.op not in GATHERS + SPREADS})
         if others:
             dense = " of the dense sum" if any(o.nbytes == numel * element_size for o in calls) else ""
             raise AssertionError(
                 f"rank {rank} called {', '.join(others)}{dense}: a top-k all-reduce all-gathers each rank's "
                 f"k values and k indices, because a sum of sparse vectors is not sparse (an all-reduce of "
                 f"the dense tensor sends all {numel} entries)")
-        handed = sum(o.nbytes for o in calls)
+        handed = sum(_handed(o, len(results)) for o in calls)
         if handed != want:
             per_step = handed / steps
             hint = ""
             if per_step == k * (element_size + 8):
-                hint = " -- int64 indices (8 bytes each): send them as int32"
+                hint = (" -- 8 bytes per index: send the indices as torch.int32 (4 bytes each), as "
+                        "topk_compress returns them, not cast to int64 or to the values' float dtype")
             elif per_step % (element_size + INDEX_BYTES) == 0 and per_step != 0:
                 pairs = int(per_step // (element_size + INDEX_BYTES))
                 hint = f" -- {pairs} (value, index) pairs per step, k = {k}"
@@ -252,14 +275,31 @@ def expect_low_rank(results, shapes, matrix_rank):
             g = grads[name].reshape(shape[0], -1)
             rank = int(torch.linalg.matrix_rank(g, rtol=1e-10))
             if rank > matrix_rank:
+                own = _own_wanted(results[0], step, name)
+                if own is not None and torch.allclose(grads[name], own, rtol=0, atol=1e-12):
+                    raise AssertionError(
+                        f"step {step}: the gradient applied to {name} is rank 0's own gradient (+ its "
+                        f"error), unchanged: the decompressed P̂ Qᵀ never reached the bucket. Write it into "
+                        f"the gradient in place, M.copy_(P̂ @ Q.T); M = P̂ @ Q.T only rebinds the name M")
                 raise AssertionError(
                     f"step {step}: the gradient applied to {name} ({shape[0]}×{g.shape[1]}) has rank {rank}: "
                     f"a rank-{matrix_rank} PowerSGD update P̂ Qᵀ has rank at most {matrix_rank} (was it "
                     f"all-reduced uncompressed?)")
 
 
+def _own_wanted(result, step, name):
+    """What a rank wanted to send for `name` at `step`: its own gradient + its previous error."""
+    local = result.get("local")
+    if not local or local[step].get(name) is None:
+        return None
+    old = result["errors_by_step"][step - 1].get(name) if step else None
+    return local[step][name] + (old if old is not None else 0)
+
+
 def expect_error_feedback(results, shapes, matrix_rank):
-    """For every compressed matrix, rank and step: new error = local gradient + old error - applied.
+    """For every parameter, rank and step: new error = local gradient + old error - applied. (For a
+    tensor all-reduced uncompressed it is the rank's gradient minus the average: it averages to zero
+    over ranks, and torch's hook keeps it too.)
 
     result["local"][step][name]: the rank's own (not averaged) gradient of that step (runs.powersgd_run).
     """
@@ -268,15 +308,16 @@ def expect_error_feedback(results, shapes, matrix_rank):
         errors = result["errors_by_step"]
         for step, applied in enumerate(result["grads"]):
             for name, shape in shapes.items():
-                if not compressible(shape, matrix_rank):
-                    continue
                 old = errors[step - 1][name] if step else None
                 new = errors[step][name]
                 where = f"rank {rank}, step {step}, {name}"
                 if new is None:
-                    raise AssertionError(f"{where}: state.errors has no entry for this parameter: keep, for "
-                                         f"every parameter, what it wanted to send minus what was applied "
-                                         f"(error feedback), keyed by the parameter")
+                    travels = ("" if compressible(shape, matrix_rank) else
+                               f" (it travels uncompressed at rank {matrix_rank}, and needs one all the "
+                               f"same)")
+                    raise AssertionError(f"{where}: state.errors has no entry for this parameter{travels}: "
+                                         f"keep, for every parameter of the bucket, what it wanted to send "
+                                         f"minus what was applied (error feedback), keyed by the parameter")
                 wanted = local[rank][step][name] + (old if old is not None else 0)
                 expected = wanted - applied[name]
                 if torch.allclose(new, expected, rtol=0, atol=1e-10):
@@ -291,6 +332,34 @@ def expect_error_feedback(results, shapes, matrix_rank):
                                          f"error) - what was applied")
                 raise AssertionError(f"{where}: the error kept is {describe(new)}, expected (gradient + old "
                                      f"error) - applied = {describe(expected)}")
+
+
+def expect_projection(results, shapes, matrix_rank):
+    """Each compressed matrix's update is P̂ P̂ᵀ · (the ranks' average of gradient + old error): the
+    average projected on the update's own r directions (its column space). Q all-reduced as a sum,
+    not an average, makes it N times that."""
+    world_size = len(results)
+    for step, applied in enumerate(results[0]["grads"]):
+        for name, shape in shapes.items():
+            if not compressible(shape, matrix_rank):
+                continue
+            wanted = [_own_wanted(result, step, name) for result in results]
+            if any(w is None for w in wanted):
+                return
+            update = applied[name].reshape(shape[0], -1).double()
+            mean = (sum(wanted[1:], wanted[0]) / world_size).reshape(shape[0], -1).double()
+            u, s, _ = torch.linalg.svd(update, full_matrices=False)
+            basis = u[:, s > 1e-10 * max(float(s.max()), 1e-300)] if s.numel() else u[:, :0]
+            expected = basis @ (basis.T @ mean)
+            if torch.allclose(update, expected, rtol=0, atol=1e-9 * max(1.0, float(expected.abs().max()))):
+                continue
+            hint = ratio_hint(update, expected)
+            if hint:
+                hint = (f"{hint}: Q is all-reduced as a sum over ranks; divide it by N = {world_size}, so "
+                        f"that P̂ Qᵀ is the projection of the average")
+            raise AssertionError(
+                f"step {step}: the update applied to {name} is not P̂ P̂ᵀ · (the ranks' average of gradient + "
+                f"error), the average projected on the update's own {basis.shape[1]} direction(s){hint}")
 
 
 # -- local SGD and asynchronous SGD ---------------------------------------------------------------------
@@ -312,6 +381,10 @@ def expect_local_sgd_calls(results, steps, H, param_bytes, tensors):
             hint = f" -- one per step: average after every H = {H} steps only"
         elif want and len(sizes) == want * tensors:
             hint = " -- one per parameter tensor: flatten the parameters into one tensor, one all-reduce"
+        elif sizes and len(sizes) == want and all(2 * s == param_bytes for s in sizes):
+            hint = (" -- half the parameters' bytes: the flat tensor is float32 (torch.zeros(n) or "
+                    ".float()), the parameters float64; float32 halves the bytes and rounds every "
+                    "parameter. Build it in the parameters' dtype (torch.cat of the parameters)")
         elif sizes and len(sizes) == want:
             hint = f" -- each all-reduce should carry all {param_bytes} bytes of parameters"
         raise AssertionError(
@@ -371,3 +444,69 @@ def expect_server_traffic(results, updates, workers, param_bytes):
             more = "..." if len(mine) > 6 else ""
             raise AssertionError(f"worker {worker} made the calls {mine[:6]}{more}, expected {count} x "
                                  f"(receive the parameters from 0, send the gradient to 0)")
+
+
+def expect_async_schedule(results, model, seed, updates, per_update, delay):
+    """Asynchronous SGD judged from what the workers saw, without trusting the server: with g_t the
+    gradient of batch t at the parameters its worker computed on (recomputed here, in float64),
+      * the server ends at theta_0 - lr · (g_0 + ... + g_{T-1}): every gradient applied once, to the
+        newest version -- applied to the stale version it was computed at, updates are lost;
+      * update t was computed at version max(0, t - delay), theta_v = theta_0 - lr · (g_0 + ... + g_{v-1}).
+    """
+    from dpcourse.topics.compression.runs import LR, async_batches, build_model
+    from dpcourse.toys.models import loss_fn
+
+    workers = len(results) - 1
+    batches = async_batches(updates, per_update, seed)
+    net = build_model(model, seed)
+    params = list(net.parameters())
+    theta0 = torch.cat([p.detach().reshape(-1) for p in params])
+    at = {}
+    for worker in range(1, workers + 1):
+        for flat, x in results[worker].get("seen") or ():
+            t = next((t for t in range(worker - 1, updates, workers) if x is not None
+                      and x.shape == batches[t][0].shape and torch.equal(x, batches[t][0])), None)
+            if t is not None:
+                at[t] = flat.double()
+    missing = [t for t in range(updates) if t not in at]
+    if missing:
+        raise AssertionError(f"update {missing[0]} was never computed: worker {1 + missing[0] % workers} "
+                             f"must run its model on batches[{missing[0]}] (its updates: t = w - 1, "
+                             f"w - 1 + W, ...)")
+    grads = []
+    for t in range(updates):
+        with torch.no_grad():
+            offset = 0
+            for p in params:
+                p.copy_(at[t][offset:offset + p.numel()].view_as(p))
+                offset += p.numel()
+        x, y = batches[t]
+        grads.append(torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss_fn(net(x), y), params)]))
+    final = torch.cat([results[0]["state"][name].reshape(-1) for name, _ in net.named_parameters()]).double()
+    newest = theta0 - LR * sum(grads)
+    scale = max(1.0, float(newest.abs().max()))
+    if not torch.allclose(final, newest, rtol=0, atol=1e-10 * scale):
+        stale = [theta0]
+        for t, g in enumerate(grads):
+            stale.append(stale[max(0, t - delay)] - LR * g)
+        hint = ""
+        if torch.allclose(final, stale[-1], rtol=0, atol=1e-10 * scale):
+            hint = (f" -- it is what applying each gradient to the stale version it was computed at gives "
+                    f"(theta_(t+1) = theta_(t-{delay}) - lr·g_t), which throws the updates in between away: "
+                    f"apply it to the latest version, theta_(t+1) = theta_t - lr·g_t")
+        raise AssertionError(f"with {workers} workers and delay {delay}, the server's final parameters are "
+                             f"not theta_0 - lr·(the sum of the {updates} gradients its workers computed): "
+                             f"every update applies its gradient to the newest version{hint}")
+    versions = [theta0]
+    for g in grads:
+        versions.append(versions[-1] - LR * g)
+    for t in range(updates):
+        want = max(0, t - delay)
+        if torch.allclose(at[t], versions[want], rtol=0, atol=1e-10 * scale):
+            continue
+        got = next((v for v in range(len(versions)) if torch.allclose(at[t], versions[v], rtol=0,
+                                                                        atol=1e-10 * scale)), None)
+        which = f"version {got}" if got is not None else "parameters that are no version of the server's"
+        raise AssertionError(f"with delay {delay}, update {t} (worker {1 + t % workers}) was computed at "
+                             f"{which}; expected version max(0, t - {delay}) = {want} (version v: the "
+                             f"parameters after v updates)")

@@ -145,7 +145,7 @@ STYLE = {"all_reduce": ("black", "-"), "topk": ("tab:blue", "-"), "powersgd": ("
 
 def plot_loss_vs_bytes(curves, methods, steps, title=""):
     """Two panels: held-out loss against steps, and against bytes on the network (log scale)."""
-    fig, (by_step, by_bytes) = plt.subplots(1, 2, figsize=(12, 4.2))
+    fig, (by_step, by_bytes) = plt.subplots(1, 2, figsize=(12, 5.2))
     shades = {}
     for label, points in curves.items():
         kind = methods[label][0]
@@ -176,9 +176,12 @@ def plot_loss_vs_bytes(curves, methods, steps, title=""):
     by_step.set_xlabel("optimizer steps (same samples for every method)")
     by_bytes.set_xlabel("bytes on the network, all ranks together (log scale)")
     by_bytes.set_xscale("log")
-    by_bytes.legend(fontsize=7, loc="upper right", ncol=2)
+    # one legend for both panels, under them: inside a panel it covers the curves' starts
+    handles, labels = by_bytes.get_legend_handles_labels()
+    rows = -(-len(labels) // 4)
+    fig.legend(handles, labels, fontsize=8, ncol=4, loc="lower center", frameon=False)
     fig.suptitle(title)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.045 * rows + 0.02, 1, 1))
     plt.show()
 
 

@@ -133,13 +133,23 @@ def async_batches(updates, per_update, seed, device=None):
 
 def async_run(async_sgd, model, seed, updates, per_update, delay, lr=LR):
     """async_sgd(model, batches, lr, delay) on a server (rank 0) and its workers, every rank holding
-    the whole schedule of batches. Returns {"state" (this rank's model after the call), "ops"}."""
+    the whole schedule of batches. Returns {"state" (this rank's model after the call), "ops",
+    "seen": [(the flat parameters, the input rows) at each forward of this rank's model]} -- on a
+    worker, the version each of its gradients was computed at, which a test checks against the
+    schedule without trusting the server."""
     device = rank_device()
     net = build_model(model, seed, device)
     batches = async_batches(updates, per_update, seed, device)
+    seen = []
+
+    def note(module, args):
+        flat = torch.cat([p.detach().reshape(-1) for p in module.parameters()]).clone()
+        seen.append((flat, args[0].detach().clone() if args and isinstance(args[0], torch.Tensor) else None))
+
+    net.register_forward_pre_hook(note)
     with CommRecorder() as rec:
         async_sgd(net, batches, lr, delay)
-    return {"state": state_of(net), "ops": plain(rec.ops)}
+    return {"state": state_of(net), "ops": plain(rec.ops), "seen": to_cpu(seen)}
 
 
 
@@ -168,6 +178,22 @@ def bucket_orders(model, steps=3, per_rank=4, seed=0):
         xb, yb = my_share(X, Y, step, per_rank, device=device)
         loss_fn(ddp(xb), yb).backward()
     return seen
+
+
+def local_sgd_averages(local_sgd, H, steps, model, seed=0, per_rank=4, lr=LR):
+    """Inside a rank: your local_sgd(model, batches, lr, H) on `steps` batches, and the steps (1, 2,
+    ...) after which it all-reduced, read from the recorder: each call is placed after the number
+    of forward passes made before it."""
+    device = rank_device()
+    net = build_model(model, seed, device)
+    X, Y = task_data(steps, per_rank, dist.get_world_size(), seed)
+    batches = [my_share(X, Y, step, per_rank, device=device) for step in range(steps)]
+    forwards = []
+    with CommRecorder() as rec:
+        net.register_forward_pre_hook(lambda module, args: forwards.append(len(rec.ops)))
+        local_sgd(net, batches, lr, H)
+    after = [sum(1 for mark in forwards if mark <= i) for i, o in enumerate(rec.ops) if o.op == "all_reduce"]
+    return {"averaged_after": sorted(set(after))}
 
 
 def averager_steps(period, steps, model, seed=0, per_rank=4, lr=LR):

@@ -122,7 +122,7 @@ def toy_models():
     """The two toy models in the cost model's terms (float32, tokens = rows, one 'layer' per block)."""
     mlp_params = sum(p.numel() for p in dp_tp_model(**MLP_MODEL).parameters())
     stack_params = sum(p.numel() for p in dp_pp_model(**STACK_MODEL).parameters())
-    common = dict(heads=1, seq=1, batch=ROWS, bytes_per_value=4, recompute=False)
+    common = dict(heads=0, seq=1, batch=ROWS, bytes_per_value=4, recompute=False)  # 0 heads: no attention
     return {"dp_tp": dict(name="residual MLP", params=mlp_params, layers=MLP_MODEL["blocks"],
                           hidden=MLP_MODEL["d_model"], tp_all_reduces=2, **common),
             "dp_pp": dict(name="Linear stack", params=stack_params, layers=STACK_MODEL["layers"],

@@ -93,14 +93,23 @@ def expect_grid(reports, case, what):
             raise AssertionError(f"{what}: rank {rank}'s grid.sizes is {report['sizes']}, expected {sizes}")
         for axis in AXES:
             members = report["members"][axis]
+            if members in ("None", "missing"):
+                size = sizes[axis]
+                alone = (f" -- the {axis} axis has size {size} here, and still needs a process group: a "
+                         f"group of one rank, made with dist.new_group like the others (every rank "
+                         f"creates it)") if size == 1 else ""
+                raise AssertionError(f"{what}: rank {rank}'s grid.groups['{axis}'] is "
+                                     f"{'None' if members == 'None' else 'missing'}: every axis needs this "
+                                     f"rank's process group along it{alone}")
             if isinstance(members, str):
                 raise AssertionError(f"{what}: rank {rank}'s grid.groups['{axis}'] is {members}")
         want = expected[rank]
         got_members = {axis: sorted(report["members"][axis]) for axis in AXES}
         if report["coords"] != want["coords"] or got_members != want["members"]:
             hint = ""
-            if dp != tp and report["coords"] == swapped[rank]["coords"] or (
-                    got_members == swapped[rank]["members"] and got_members != want["members"]):
+            swaps = swapped[rank]["coords"] != want["coords"] or swapped[rank]["members"] != want["members"]
+            if swaps and (report["coords"] == swapped[rank]["coords"]
+                          or got_members == swapped[rank]["members"]):
                 hint = f" -- {SWAPPED}"
             if report["coords"] != want["coords"]:
                 raise AssertionError(f"{what}: rank {rank}'s coordinates are {report['coords']}, expected "
@@ -113,14 +122,24 @@ def expect_grid(reports, case, what):
                                  f"mesh_dim_names=('dp', 'pp', 'tp'))['{axis}'] on rank {rank}){hint}")
 
 
-def expect_bad_sizes_refused(reports, what):
-    """Every rank raised a ValueError (a grid whose size is not the world's)."""
+def expect_bad_sizes_refused(reports, what, case=None):
+    """Every rank raised a ValueError (a grid whose size is not the world's, larger or smaller)."""
+    world = len(reports)
+    why = ""
+    if case is not None:
+        size = case["dp"] * case.get("pp", 1) * case["tp"]
+        if size < world:
+            why = (f" -- dp x pp x tp = {size} is smaller than the world size {world}: ranks {size} .. "
+                   f"{world - 1} would have no place in the grid. Refuse a grid whose size differs from the "
+                   f"world's in either direction")
+        elif size > world:
+            why = f" -- dp x pp x tp = {size} is larger than the world size {world}"
     for rank, report in enumerate(reports):
         error = report.get("error") or ""
         if not error.startswith("ValueError"):
             got = f"raised {error[:200]}" if error else "returned a grid"
             raise AssertionError(f"{what}: rank {rank} {got}; expected a ValueError saying that dp x pp x tp "
-                                 f"is not the world size")
+                                 f"is not the world size{why}")
 
 
 # --------------------------------------------------------------------------- training
@@ -274,6 +293,27 @@ def _expect_loss(run, step, expected_losses, whole, replica, what):
                          f"on every rank of the replica){hint}")
 
 
+def _expect_float_losses(case_runs, what):
+    """The step returns the replica's loss as a Python float, never the loss tensor."""
+    for run in case_runs:
+        for step, kind in enumerate(run.loss_types):
+            if kind != "float":
+                raise AssertionError(
+                    f"{what}: rank {run.rank}'s step {step + 1} returned {kind}; expected a Python float, "
+                    f"this replica's loss: return loss.item() (the loss tensor keeps the step's autograd "
+                    f"graph alive)")
+
+
+def _expect_no_scalar(run, step, ops, group, what):
+    """A collective of one value on the dp group: the loss all-reduced, not a gradient."""
+    for o in ops:
+        if o.op != "send" and _group_label(o.group) == tuple(group) and 0 < o.nbytes <= 8:
+            raise AssertionError(
+                f"{what}: in step {step + 1} rank {run.rank} ran {o.op} of {o.nbytes} bytes -- a single "
+                f"value, the loss? -- on its dp group {tuple(group)}: the step returns this replica's own "
+                f"loss, and its only communication is the gradients' all-reduces over dp")
+
+
 def dp_tp_reference(case):
     return reference_training(dp_tp_model(**case["model"]), case["batches"], case["lr"], case["grid"][0])
 
@@ -284,6 +324,7 @@ def expect_dp_tp(case_runs, case, what):
     grid = expected_grid(dp, tp)
     members = {r: g["members"] for r, g in enumerate(grid)}
     _fail_report(case_runs, what)
+    _expect_float_losses(case_runs, what)
     _expect_groups(case_runs, members, what, ("tp", "dp"))
     rows = len(case["batches"][0][0])
     formula = dp_tp_bytes(case["model"], rows, dp, tp)
@@ -303,6 +344,7 @@ def expect_dp_tp(case_runs, case, what):
             dp_sent = _sent_on(ops, dp_group)
             if abs(dp_sent - formula["dp"]) > 0.5:
                 n = len(dp_group)
+                _expect_no_scalar(run, step, ops, dp_group, what)
                 raise AssertionError(
                     f"{what}: in step {step + 1} rank {run.rank} sent {dp_sent:.0f} bytes on its dp group "
                     f"{tuple(dp_group)}, expected {formula['dp']:.0f}: every local gradient all-reduced "
@@ -491,12 +533,17 @@ def expect_plan_refused(outcome, model, cluster, what):
     """A ValueError whose message names the smallest memory per GPU any layout needs, in GB."""
     import re
 
+    least = smallest_memory(model, cluster)
     if "error" not in outcome:
-        raise AssertionError(f"{what} returned {describe(outcome['result'])}; nothing fits in "
-                             f"{cluster['memory'] / 1e9:g} GB per GPU: it should raise a ValueError")
+        why = (f"nothing fits in {cluster['memory'] / 1e9:g} GB per GPU" if least is not None else
+               "no layout uses every GPU with whole layers, sequences, heads and features per rank")
+        raise AssertionError(f"{what} returned {describe(outcome['result'])}; {why}: it should raise a "
+                             f"ValueError")
     if outcome["error"] != "ValueError":
         raise AssertionError(f"{what} raised {outcome['error']}: {outcome['message']}; expected a ValueError")
-    least = smallest_memory(model, cluster) / 1e9
+    if least is None:  # no layout at all splits the model evenly: any ValueError says so
+        return
+    least /= 1e9
     numbers = [float(x) for x in re.findall(r"\d+(?:\.\d+)?", outcome["message"])]
     if not any(abs(x - least) <= max(0.051, 0.005 * least) for x in numbers):
         raise AssertionError(f"{what} raised ValueError({outcome['message']!r}); the message should name the "

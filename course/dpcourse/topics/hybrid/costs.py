@@ -17,6 +17,8 @@ of b = B/(dp·m) sequences:
   pp       per micro-batch and stage (pp > 1): one activation sent forward and one gradient
            back, alpha + b·s·h·e/beta each (notebook 07)
   pipeline (m + pp - 1) · (c + tp + pp): the 1F1B/GPipe bubble (pp - 1)/(m + pp - 1)
+  layouts  dp·tp·pp = N; pp divides L, dp·m divides B, and tp divides h and a (each tp rank takes
+           h/tp features and a/tp whole heads, as the course's and Megatron-LM's layers require)
   dp       one ring all-reduce of the GPU's gradients, e·P/(tp·pp) bytes, over dp, after the
            pipeline (no overlap); ZeRO-3 sends 1.5 times that (a reduce-scatter of the gradients
            and an all-gather of the weights in forward and again in backward)
@@ -77,7 +79,7 @@ def link(cluster, span):
 
 def check_layout(model, cluster, dp, tp, pp, micro):
     """A ValueError naming the rule a layout breaks (every GPU used, whole layers per stage, whole
-    sequences per micro-batch)."""
+    sequences per micro-batch, whole heads and an equal share of the hidden features per tp rank)."""
     n = gpus(cluster)
     if min(dp, tp, pp, micro) < 1:
         raise ValueError(f"dp, tp, pp and micro must be at least 1, got {dp}, {tp}, {pp}, {micro}")
@@ -85,9 +87,21 @@ def check_layout(model, cluster, dp, tp, pp, micro):
         raise ValueError(f"dp {dp} x tp {tp} x pp {pp} = {dp * tp * pp} GPUs, the cluster has {n}")
     if model["layers"] % pp:
         raise ValueError(f"{model['layers']} layers do not split evenly into {pp} stages")
+    if tp_splits(model, tp) is not None:
+        raise ValueError(tp_splits(model, tp))
     if model["batch"] % (dp * micro):
         raise ValueError(f"a batch of {model['batch']} sequences does not split into dp {dp} x {micro} "
                          f"micro-batches")
+
+
+def tp_splits(model, tp):
+    """None when tp ranks can share the model's layers evenly, else why not: tensor parallelism gives
+    each rank hidden/tp features and heads/tp whole attention heads (notebooks 08 and 09)."""
+    if model["hidden"] % tp:
+        return f"a hidden size of {model['hidden']} does not split evenly over tp {tp}"
+    if model["heads"] and model["heads"] % tp:  # heads = 0: a model without attention
+        return f"{model['heads']} attention heads do not split evenly over tp {tp}"
+    return None
 
 
 def activation_bytes(model, micro_batch, tp):
@@ -135,16 +149,28 @@ def divisors(n):
 
 def layouts(model, cluster):
     """Every (dp, tp, pp, micro) the cost model accepts on the cluster: dp·tp·pp = its GPUs, pp
-    divides the layers, dp the batch, micro the rows of one replica. What a brute-force search
-    (the grader's best layout, the least memory any layout needs) walks through."""
+    divides the layers, dp the batch, micro the rows of one replica, tp the hidden size and the
+    heads. What a brute-force search (the grader's best layout, the least memory any layout needs)
+    walks through."""
     n = gpus(cluster)
     for dp in divisors(n):
         for tp in divisors(n // dp):
             pp = n // (dp * tp)
-            if model["layers"] % pp or model["batch"] % dp:
+            if model["layers"] % pp or model["batch"] % dp or tp_splits(model, tp) is not None:
                 continue
             for micro in divisors(model["batch"] // dp):
                 yield dp, tp, pp, micro
+
+
+def fastest(model, cluster, overlap=False):
+    """The fastest layout that fits (every layout tried), as predict's dict with dp, tp, pp, micro;
+    None when none fits."""
+    best = None
+    for dp, tp, pp, micro in layouts(model, cluster):
+        p = predict(model, cluster, dp, tp, pp, micro, overlap=overlap)
+        if p["memory"] <= cluster["memory"] and (best is None or p["time"] < best["time"]):
+            best = dict(p, dp=dp, tp=tp, pp=pp, micro=micro)
+    return best
 
 
 def format_layout(p):

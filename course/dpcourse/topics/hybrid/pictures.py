@@ -10,12 +10,13 @@ the colour of the group the learner's code put it in; a layout with two axes swa
 up as stripes running the wrong way. The widget puts the cost model of `costs` behind
 sliders: the predicted step time (split into compute, bubble, tp, pp and dp) and the memory
 per GPU of pure data parallelism, ZeRO-3, pure tensor and pure pipeline parallelism, and of
-the hybrid layout the learner's `plan` picks. Used by notebook 09.
+the hybrid layout the learner's `plan` picks (and, with "overlap" ticked, the fastest layout
+under that assumption, which `plan` cannot see). Used by notebook 09.
 """
 
 import matplotlib.pyplot as plt
 
-from dpcourse.topics.hybrid.costs import MODELS, cluster, format_layout, gpus, predict
+from dpcourse.topics.hybrid.costs import MODELS, cluster, fastest, format_layout, gpus, predict
 from dpcourse.topics.hybrid.grid import AXES
 from dpcourse.viz.colours import rank_colour
 
@@ -60,22 +61,28 @@ PART_COLOURS = {"compute": "#4c72b0", "bubble": "#bbbbbb", "tp_comm": "#dd8452",
 
 
 def _best_micro(model, cl, dp, tp, pp, zero=0, overlap=False):
-    """The fastest micro-batch count of one layout that fits in memory (else the smallest memory)."""
-    options = []
+    """The fastest micro-batch count of one layout that fits in memory (else the smallest memory);
+    why the layout is impossible, when no micro-batch count makes it one."""
+    options, why = [], "no micro-batch count fits"
     for micro in range(1, model["batch"] // dp + 1):
         try:
             options.append((predict(model, cl, dp, tp, pp, micro, zero=zero, overlap=overlap), micro))
-        except ValueError:
+        except ValueError as error:
+            why = str(error)
             continue
     if not options:
-        return None
+        return why
     fits = [o for o in options if o[0]["memory"] <= cl["memory"]]
     chosen = min(fits, key=lambda o: o[0]["time"]) if fits else min(options, key=lambda o: o[0]["memory"])
     return dict(chosen[0], dp=dp, tp=tp, pp=pp, micro=chosen[1])
 
 
 def strategies(model, cl, plan=None, overlap=False):
-    """{name: prediction} for pure DP, ZeRO-3, pure TP, pure PP and plan's hybrid layout (when given)."""
+    """{name: prediction} for pure DP, ZeRO-3, pure TP, pure PP and plan's hybrid layout (when given).
+
+    plan(model, cluster) chooses without overlap (the exercise's cost model); with overlap=True its
+    layout is timed with overlap, and one more row gives the fastest layout under that assumption
+    (every layout tried), so the widget shows whether the choice would change."""
     n = gpus(cl)
     rows = {"DP": _best_micro(model, cl, n, 1, 1, overlap=overlap),
             "ZeRO-3": _best_micro(model, cl, n, 1, 1, zero=3, overlap=overlap),
@@ -92,6 +99,9 @@ def strategies(model, cl, plan=None, overlap=False):
             rows["hybrid (your plan)"] = "plan is not written yet"
         except ValueError as error:
             rows["hybrid (your plan)"] = f"ValueError: {error}"
+    if overlap:
+        best = fastest(model, cl, overlap=True)
+        rows["fastest with overlap (every layout)"] = best if best is not None else "no layout fits"
     return rows
 
 
@@ -158,6 +168,5 @@ def planner_widget(plan=None):
 
     out = widgets.interactive_output(draw, controls)
     boxes = list(controls.values())
-    box = widgets.VBox([widgets.HBox(boxes[:4]), widgets.HBox(boxes[4:]), out])
-    display(box)
-    return box
+    display(widgets.VBox([widgets.HBox(boxes[:4]), widgets.HBox(boxes[4:]), out]))
+    # nothing returned: a returned widget, last in its cell, would be displayed a second time

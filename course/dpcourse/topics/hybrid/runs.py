@@ -126,6 +126,9 @@ def _grid_report(grid):
               "members": {}}
     for axis in AXES:
         group = grid.groups.get(axis)
+        if group is None:
+            report["members"][axis] = "None" if axis in grid.groups else "missing"
+            continue
         try:
             report["members"][axis] = [int(r) for r in dist.get_process_group_ranks(group)]
         except Exception as exc:  # noqa: BLE001 - a group that is no group of this rank
@@ -169,7 +172,8 @@ class HybridRun:
     """What one rank did in one case of a hybrid training run (built by the caller)."""
 
     rank: int
-    losses: list = field(default_factory=list)  # what the step returned, step by step
+    losses: list = field(default_factory=list)  # what the step returned, step by step (as a float)
+    loss_types: list = field(default_factory=list)  # its type, in words (runs._type_of)
     params: list = field(default_factory=list)  # {name: tensor} after each step (local slices)
     steps: list = field(default_factory=list)  # CommOp lists, one per step
     error: str | None = None  # the step raised (a wait that timed out included)
@@ -185,12 +189,21 @@ def _ops(rows):
             for op, peer, nbytes, start, end, group in rows or ()]
 
 
+def _type_of(value):
+    """What a step returned, in words: "float", "None", or "torch.Tensor (requires_grad=True)"."""
+    if value is None or isinstance(value, float):
+        return type(value).__name__
+    if isinstance(value, torch.Tensor):
+        return f"torch.Tensor (requires_grad={value.requires_grad})"
+    return f"{type(value).__module__}.{type(value).__qualname__}".removeprefix("builtins.")
+
+
 def _train(case, exercise, build, call):
     """Inside a rank: build the case's objects, then run the learner's step once per batch."""
     rank = dist.get_rank()
     with CommRecorder(exercise=exercise) as setup:
         objects = build(case)
-    report = {"setup": _plain(setup.ops), "losses": [], "params": [], "steps": []}
+    report = {"setup": _plain(setup.ops), "losses": [], "loss_types": [], "params": [], "steps": []}
     for step, (x, y) in enumerate(case["batches"]):
         recorder = CommRecorder(exercise=exercise)
         try:
@@ -204,6 +217,7 @@ def _train(case, exercise, build, call):
         report["losses"].append(float(loss) if isinstance(loss, (int, float, torch.Tensor)) and
                                 (not isinstance(loss, torch.Tensor) or loss.numel() == 1) else
                                 (None if loss is None else repr(loss)[:120]))
+        report["loss_types"].append(_type_of(loss))
         report["steps"].append(_plain(recorder.ops))
         report["params"].append({n: p.detach().clone() for n, p in objects["model"].named_parameters()})
     report["rank"] = rank
@@ -260,6 +274,7 @@ def _runs(per_rank, cases, exercise):
             report = per_rank[rank][index] if index < len(per_rank[rank]) else {
                 "error": "stopped before this case: an earlier case failed", "failed_step": 0}
             run = HybridRun(rank, losses=list(report.get("losses") or ()),
+                            loss_types=list(report.get("loss_types") or ()),
                             params=list(report.get("params") or ()),
                             steps=[_ops(s) for s in report.get("steps") or ()], error=report.get("error"),
                             failed_step=report.get("failed_step"))

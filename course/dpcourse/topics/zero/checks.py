@@ -75,8 +75,11 @@ def _boundary_message(who, index, n, numel, got, a, b, what, whose="shard"):
 
 # --------------------------------------------------------------------------- common: parameters
 
-def expect_trained_parameters(got, ref, start_flat, bounds, rank, what, steps):
-    """The flat trainable parameters of one rank against the reference, with a diagnosis."""
+def expect_trained_parameters(got, ref, start_flat, bounds, rank, what, steps, shards=None):
+    """The flat trainable parameters of one rank against the reference, with a diagnosis.
+
+    shards: every rank's own shard after the last step (what its optimizer stepped), when known:
+    parameters that are not those shards side by side point at the all-gather, not the training."""
     want, names = ref["params"], ref["names"]
     if _close(got, want):
         return
@@ -89,6 +92,9 @@ def expect_trained_parameters(got, ref, start_flat, bounds, rank, what, steps):
             f"({len(outside)} elements, e.g. {element_name(names, outside[0])}) still hold their initial "
             f"values: after stepping its shard, every rank must all-gather every rank's updated shard and "
             f"copy it into the parameters")
+    if shards is not None:
+        expect_assembled(got, shards, bounds, f"rank {rank}: {what}: after {steps} steps, the parameters are",
+                         lambda i: element_name(names, i))
     first = wrong[0]
     owners = [r for r, (lo, hi) in enumerate(bounds) if lo <= first < hi]
     raise AssertionError(
@@ -96,6 +102,37 @@ def expect_trained_parameters(got, ref, start_flat, bounds, rank, what, steps):
         f"differ from one process trained on the same global batches, e.g. {element_name(names, first)} "
         f"(element {first}, in rank {owners[0]}'s shard) is {number(got[first].item())}, expected "
         f"{number(want[first].item())}")
+
+
+def expect_assembled(got, shards, bounds, where, name_of=str, what="updated shard"):
+    """got (a flat vector) must be the shards side by side, shard j at bounds[j]; else say how the
+    all-gather placed them (padding left in the middle, pieces at the wrong place)."""
+    if len(shards) != len(bounds) or any(s.numel() != b - a
+                                         for s, (a, b) in zip(shards, bounds, strict=True)):
+        return  # shard sizes are judged elsewhere
+    whole = torch.cat([s.reshape(-1) for s in shards])
+    if _close(got, whole):
+        return
+    chunk = math.ceil(whole.numel() / len(bounds))
+    padded_in_place = torch.cat([torch.cat([s.reshape(-1), s.new_zeros(chunk - s.numel())]) for s in shards])
+    wrong = ((got.double() - whole.double()).abs() > ATOL).nonzero().flatten().tolist()
+    first = wrong[0]
+    owner = next(j for j, (a, b) in enumerate(bounds) if a <= first < b)
+    if _close(got, padded_in_place[:got.numel()]):
+        hint = (f"the all-gather's pieces were joined with their padding and cut at the end, so from element "
+                f"{first} on everything sits one or more places late. Keep the first b_j - a_j elements of "
+                f"piece j (its shard's size, chunk_bounds) before joining them")
+    else:
+        j = next((j for j, s in enumerate(shards) if s.numel() and first < got.numel()
+                  and _close(got[first:first + s.numel()], s.reshape(-1))), None)
+        placed = (f"; they hold rank {j}'s shard, which belongs at {_span(*bounds[j])}" if j is not None
+                  and j != owner else "")
+        hint = (f"piece j of the all-gather belongs at chunk_bounds(S, N)[j] (its first b_j - a_j elements)"
+                f"{placed}")
+    raise AssertionError(
+        f"{where} not every rank's {what} side by side: {len(wrong)} of {got.numel()} elements differ "
+        f"from the ranks' shards, from {name_of(first)} (element {first}, rank {owner}'s "
+        f"shard, {_span(*bounds[owner])}) on: {hint}")
 
 
 # --------------------------------------------------------------------------- 1. ShardedOptimizer
@@ -108,6 +145,12 @@ def expect_zero1(results, model, seed, steps, per_rank, what="ShardedOptimizer")
     numel = ref["params"].numel()
     bounds = chunk_bounds(numel, n)
     element = ref["params"].element_size()
+    for rank, result in enumerate(results):
+        if result.get("step_error"):
+            raise AssertionError(
+                f"rank {rank}: {what}: step(gradient_shard) raised {result['step_error']} -- here every "
+                f"p.grad is None, as after reduce_scatter_gradients (ZeRO-2 frees the full gradients): when "
+                f"step() is given gradient_shard, it must step with that argument, not with the .grads")
     for rank, result in enumerate(results):
         a, b = bounds[rank]
         summary = result["optimizer"]
@@ -130,7 +173,16 @@ def expect_zero1(results, model, seed, steps, per_rank, what="ShardedOptimizer")
     start = ref["start"]
     for rank, result in enumerate(results):
         got = _trainable_flat(result["state"], ref["names"])
-        expect_trained_parameters(got, ref, start, bounds, rank, what, steps)
+        shards = [r["optimizer"].get("values") for r in results]
+        try:
+            expect_trained_parameters(got, ref, start, bounds, rank, what, steps,
+                                      None if any(s is None for s in shards) else shards)
+        except AssertionError as error:
+            if not result.get("explicit") or "side by side" in str(error):
+                raise
+            raise AssertionError(f"{error} -- step() was given gradient_shard, this rank's shard of the "
+                                 f"averaged gradient, while every p.grad was None: step with that "
+                                 f"argument") from None
         expect_same_state(result["state"], ref["state"], f"{what}, after {steps} steps", rank=rank, atol=1e-9)
     for rank, result in enumerate(results):
         a, b = bounds[rank]
@@ -310,22 +362,43 @@ def _expect_fsdp_group(results, members, layout, model, seed, steps, per_rank, w
             if got != bounds[g][1] - bounds[g][0]:
                 raise AssertionError(_boundary_message(f"rank {rank}", g, n, hi - lo, got, *bounds[g],
                                                        f"{what}, unit {name}"))
+    for u, name in enumerate(names):  # what each unit's first forward ran on: the gather, before its use
+        lo, hi = offsets[name]
+        bounds = chunk_bounds(hi - lo, n)
+        initial = ref["start"][lo:hi]
+        for result, rank in zip(results, members, strict=True):
+            seen = (result.get("gathered") or [None] * len(names))[u]
+            if seen is None or _close(seen.reshape(-1), initial):
+                continue
+            expect_assembled(seen.reshape(-1), [initial[a:b] for a, b in bounds], bounds,
+                             f"rank {rank}: {what}: unit {name}, as gathered for its first forward, is",
+                             lambda i, lo=lo: element_name(ref["names"], lo + i), what="shard")
+    for u, name in enumerate(names):
+        lo, hi = offsets[name]
+        bounds = chunk_bounds(hi - lo, n)
         for result, rank in zip(results, members, strict=True):
             g = result["group_rank"]
             a, b = bounds[g]
             first = ref["grads"][0][lo:hi]
             grad = None if result["grads"] is None else result["grads"][u]
-            where = f"{what}, unit {name}, after the first backward"
+            passes = result.get("accumulate", 1)
+            after = "the first backward" if passes == 1 else f"the {passes} backward passes of the first step"
+            where = f"{what}, unit {name}, after {after}"
             if grad is None:
                 raise AssertionError(f"rank {rank}: {where}: its shard has no gradient (.grad is None): "
                                      f"reduce-scatter the unit's gradient into shard.grad")
             grad = grad.reshape(-1)
             if not _close(grad, first[a:b]):
                 hint = ""
+                k = passes
                 if n > 1 and _close(grad, n * first[a:b]):
                     hint = f" -- {n} times the average: a reduce-scatter sums over ranks; divide by N = {n}"
                 elif (j := _which_chunk(grad, first, bounds, g)) is not None:
                     hint = f" -- that is the average of chunk {j}: rank r keeps chunk r"
+                elif k > 1 and _close(grad, _last_part(model, seed, steps, per_rank, n, k)[lo + a:lo + b]):
+                    hint = (f" -- that is the last backward's gradient alone: here each step runs {k} "
+                            f"backward passes (gradient accumulation), so add the reduce-scattered part to "
+                            f"an existing shard.grad instead of replacing it")
                 raise AssertionError(
                     f"rank {rank}: {where}: its shard's gradient is {describe(grad)}, expected the "
                     f"average over ranks of {_span(lo + a, lo + b)} of the flat gradient: "
@@ -349,7 +422,21 @@ def _expect_fsdp_group(results, members, layout, model, seed, steps, per_rank, w
             if not torch.equal(value.cpu(), ref["state"][name].cpu()):
                 raise AssertionError(f"rank {rank}: {what}: the frozen parameter {name} changed")
         _expect_memory(result, rank, n, layout, element, what)
-        _expect_fsdp_traffic(result, rank, n, layout, element, what, steps)
+        passes = result.get("accumulate", 1)
+        _expect_fsdp_traffic(result, rank, n, layout, element, what, steps * passes,
+                             "step" if passes == 1 else "forward and backward")
+
+
+def _last_part(model, seed, steps, per_rank, n, parts):
+    """The flat gradient the last of `parts` backward passes of step 0 adds (runs.fsdp_run): the mean
+    loss over every rank's last part of its share, divided by `parts`."""
+    make, X, Y = run_data(model, seed, steps, per_rank, n)
+    net = make()
+    rows = [my_share(X, Y, 0, per_rank, rank, n, "cpu") for rank in range(n)]
+    x = torch.cat([xb.chunk(parts)[-1] for xb, _ in rows])
+    y = torch.cat([yb.chunk(parts)[-1] for _, yb in rows])
+    grads = single_process_gradients(net, x, y)
+    return flat([grads[name] / parts for name, p in net.named_parameters() if p.requires_grad])
 
 
 def _expect_units_freed(result, rank, what, max_unsharded):
@@ -397,7 +484,7 @@ def _expect_memory(result, rank, n, layout, element, what):
                              f"unit's full gradient (unit.full.grad = None) once it is reduce-scattered")
 
 
-def _expect_fsdp_traffic(result, rank, n, layout, element, what, steps):
+def _expect_fsdp_traffic(result, rank, n, layout, element, what, steps, per="step"):
     if n == 1:
         return
     per_unit = [math.ceil(sum(k for _, k in params) / n) for _, params in layout]
@@ -407,6 +494,6 @@ def _expect_fsdp_traffic(result, rank, n, layout, element, what, steps):
     if sent > limit + 0.5:
         ideal = ring_traffic(total, n, phases=1)[1]
         raise AssertionError(
-            f"rank {rank}: {what} sent {sent:.0f} bytes per step ({by_op}) = {sent / ideal:.2f}(N-1)/N·S, "
+            f"rank {rank}: {what} sent {sent:.0f} bytes per {per} ({by_op}) = {sent / ideal:.2f}(N-1)/N·S, "
             f"expected 3(N-1)/N·S = {3 * ideal:.0f} (padded: {limit}): one all-gather per unit in "
             f"forward, one in backward, one reduce-scatter")

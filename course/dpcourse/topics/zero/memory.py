@@ -115,7 +115,8 @@ def optimizer_summary(optimizer, model_tensors=()):
     {"numel": elements it steps, "storage_bytes": bytes of the storages those tensors live in,
     except storages of `model_tensors` (a slice of a bigger tensor keeps all of it alive; a view
     of the model's own weights costs nothing more), "state_bytes": bytes of its state tensors,
-    "state": {key: that state as one flat CPU vector, in parameter order}}.
+    "state": {key: that state as one flat CPU vector, in parameter order}, "values": the tensors it
+    steps, as one flat CPU vector}.
     """
     params = [p for g in optimizer.param_groups for p in g["params"]]
     seen = {_storage_key(t)[0] for t in model_tensors}
@@ -129,7 +130,8 @@ def optimizer_summary(optimizer, model_tensors=()):
     return {"numel": sum(p.numel() for p in params),
             "storage_bytes": _unique_bytes(params, seen),
             "state_bytes": sum(t.numel() * t.element_size() for t in state_tensors),
-            "state": {k: torch.cat(v) for k, v in flat_state.items()}}
+            "state": {k: torch.cat(v) for k, v in flat_state.items()},
+            "values": torch.cat([p.detach().reshape(-1).cpu() for p in params]) if params else torch.zeros(0)}
 
 
 def format_decimal_bytes(n):

@@ -15,7 +15,8 @@ def plot_memory(measured, formula=None, title=None, unit="kB"):
     """Stacked bars per stage (weights, gradients, optimizer state) for one rank.
 
     measured: {stage: {kind: bytes}}; formula: the same shape, drawn as an outline next to
-    each measured bar. Returns the figure.
+    each measured bar. Shows the figure and returns nothing: a figure returned by the last line of a
+    cell would be drawn a second time.
     """
     import matplotlib.pyplot as plt
 
@@ -46,13 +47,13 @@ def plot_memory(measured, formula=None, title=None, unit="kB"):
     ax.legend(fontsize=7, loc="upper right")
     fig.tight_layout()
     plt.show()
-    return fig
 
 
 def plot_unit_timeline(events, title=None):
     """One row per unit: a bar while the unit is unsharded (between alloc and free), from a
     UnitRecorder log; forward in blue, backward in orange, steps separated by the log's marks.
-    The x axis counts events (alloc, free), not seconds: the order is what matters."""
+    The x axis counts events (alloc, free), not seconds: the order is what matters. Shows the figure,
+    returns nothing (as plot_memory)."""
     import matplotlib.pyplot as plt
 
     units = []
@@ -89,4 +90,3 @@ def plot_unit_timeline(events, title=None):
         ax.set_title(title, fontsize=10)
     fig.tight_layout()
     plt.show()
-    return fig

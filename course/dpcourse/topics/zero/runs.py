@@ -28,7 +28,7 @@ from dpcourse.reference.flat import flat, trainable
 from dpcourse.reference.gradients import state_of
 from dpcourse.reference.splits import chunk_bounds
 from dpcourse.topics.zero.memory import held_bytes, optimizer_summary
-from dpcourse.topics.zero.units import UnitRecorder
+from dpcourse.topics.zero.units import FlatUnit, UnitRecorder
 from dpcourse.toys.data import global_batch, my_share, smooth_regression_data
 from dpcourse.toys.models import MODELS, loss_fn
 
@@ -55,8 +55,17 @@ FREED = ("out of bounds for storage of size 0", "SIGSEGV")
 def explain_crash(error):
     """The sentence to add when a rank used a FlatUnit's freed memory: autograd refuses a saved tensor
     whose storage is empty ("... out of bounds for storage of size 0"), and other reads crash the
-    process (SIGSEGV). In MiniFSDP, either means a unit was not gathered before use."""
-    if not any(sign in str(error) for sign in FREED):
+    process (SIGSEGV). In MiniFSDP, either means a unit was not gathered before use -- and when
+    fsdp_run saw another unit gathered in its place, the hooks are bound to the wrong unit."""
+    text = str(error)
+    if NOT_GATHERED in text:
+        name, _, other = text.split(NOT_GATHERED, 1)[1].split("]", 1)[0].partition("; gathered before it: ")
+        if other and other != name and other != "None":
+            return (f" -- {name} ran its forward while freed, and the unit gathered just before it was "
+                    f"{other}: the hooks gather the wrong unit. A lambda created in a loop looks its "
+                    f"variables up when it runs, so every hook sees the loop's last unit; bind each hook to "
+                    f"its own with default arguments (lambda module, args, unit=unit, shard=shard: ...)")
+    if not any(sign in text for sign in FREED) and NOT_GATHERED not in text:
         return ""
     return (" -- a unit's parameters were used while freed (their memory is 0 bytes). Gather a unit "
             "(unit.alloc() and the all-gather) before its forward and again before its backward")
@@ -112,23 +121,34 @@ def zero1_run(ShardedOptimizer, model, seed, steps, per_rank, explicit_shard=Fal
     """ZeRO-1 as ZeroRedundancyOptimizer is used: after the gradients are averaged, opt.step().
 
     The averaged gradient comes from `global_gradient` (no communication), so every call on the
-    wire is the learner's. explicit_shard=True passes step() this rank's slice of it instead.
-    Returns {"state", "optimizer" (optimizer_summary of opt.optimizer), "ops" (the whole run)}.
+    wire is the learner's. explicit_shard=True passes step() this rank's slice of it instead, as
+    ZeRO-2 does, with every p.grad set to None first (reduce_scatter_gradients frees them): a step
+    that ignores its argument and reads the .grads then has nothing to read.
+    Returns {"state", "optimizer" (optimizer_summary of opt.optimizer), "ops" (the whole run),
+    "explicit", and "step_error" ("Type: message") when an explicit step() raised}.
     """
     net = build_model(model, seed, rank_device())
     params = trainable(net.parameters())
     start, stop = chunk_bounds(sum(p.numel() for p in params), dist.get_world_size())[dist.get_rank()]
+    step_error = None
     with CommRecorder() as rec:
         opt = ShardedOptimizer(net.parameters(), torch.optim.AdamW, lr=LR)
         for xb, yb in _global_batches(model, seed, steps, per_rank):
             opt.zero_grad()
             global_gradient(net, xb, yb)
             if explicit_shard:
-                opt.step(torch.cat([p.grad.reshape(-1) for p in params])[start:stop].clone())
+                shard = torch.cat([p.grad.reshape(-1) for p in params])[start:stop].clone()
+                for p in params:
+                    p.grad = None
+                try:
+                    opt.step(shard)
+                except Exception as exc:  # noqa: BLE001 - reported: a step that reads the freed .grads
+                    step_error = f"{type(exc).__name__}: {exc}"[:300]
+                    break
             else:
                 opt.step()
     return {"state": state_of(net), "optimizer": optimizer_summary(opt.optimizer, list(net.parameters())),
-            "ops": plain(rec.ops)}
+            "ops": plain(rec.ops), "explicit": explicit_shard, "step_error": step_error}
 
 
 def zero2_run(reduce_scatter_gradients, model, seed, steps, per_rank):
@@ -157,14 +177,20 @@ def zero2_run(reduce_scatter_gradients, model, seed, steps, per_rank):
     return {"shards": shards, "held": held, "ops": plain(rec.ops)}
 
 
-def fsdp_run(MiniFSDP, model, seed, steps, per_rank, groups=None):
+def fsdp_run(MiniFSDP, model, seed, steps, per_rank, groups=None, accumulate=1):
     """MiniFSDP(model, group) trained with AdamW over its parameters.
 
     groups: lists of world ranks, each an independent MiniFSDP group training on the same data
-    (rank r takes its share by its rank in its group). Returns {"units": [names], "shards":
-    [flat shard per unit, after training], "grads": [shard gradients after the first backward],
-    "frozen": {name: tensor} of the parameters left out of the units, "events" (UnitRecorder),
-    "ops" (the whole run), "held" (held_bytes between steps), "group_rank", "group_size"}.
+    (rank r takes its share by its rank in its group). accumulate: backward passes per step, each
+    on an equal part of the rank's share with its loss divided by `accumulate` (gradient
+    accumulation: the shard gradients must add up). Returns {"units": [names], "shards": [flat
+    shard per unit, after training], "grads": [shard gradients after the first step's backward
+    passes], "gathered": [each unit's flat parameters as its first forward saw them, None if it was
+    not gathered], "frozen": {name: tensor} of the parameters left out of the units, "events"
+    (UnitRecorder), "ops" (the whole run), "held" (held_bytes between steps), "group_rank",
+    "group_size", "accumulate"}.
+    A forward that runs on a unit that is not gathered raises with what was gathered instead
+    (`not_gathered`), for the test to name the cause.
     """
     group, rank, size = None, dist.get_rank(), dist.get_world_size()
     if groups is not None:
@@ -177,18 +203,59 @@ def fsdp_run(MiniFSDP, model, seed, steps, per_rank, groups=None):
     with UnitRecorder() as units, CommRecorder() as rec:
         fsdp = MiniFSDP(net, group)
         units.mark("built")
+        watch = _GatherWatch(fsdp, units)
         opt = torch.optim.AdamW([p for p in fsdp.parameters() if p.requires_grad], lr=LR)
         for step, (xb, yb) in enumerate(_batches(model, seed, steps, per_rank, rank, size)):
             opt.zero_grad()
-            loss_fn(fsdp(xb), yb).backward()
+            for x, y in zip(xb.chunk(accumulate), yb.chunk(accumulate), strict=True):
+                try:
+                    loss = loss_fn(fsdp(x), y) / accumulate
+                except RuntimeError as exc:
+                    raise RuntimeError(f"{exc}{watch.not_gathered()}") from None
+                loss.backward()
             if step == 0:
                 grads = [None if s.grad is None else s.grad.detach().clone() for s in fsdp.shards]
             opt.step()
             units.mark(f"step {step}")
+            watch.first = False
     frozen = {name: p.detach().clone() for name, p in net.named_parameters() if not p.requires_grad}
     return {"units": [u.name for u in fsdp.units], "shards": [s.detach().clone() for s in fsdp.shards],
-            "grads": grads, "frozen": frozen, "events": units.events, "ops": plain(rec.ops),
-            "held": held_bytes(fsdp, opt), "group_rank": rank, "group_size": size}
+            "grads": grads, "gathered": watch.gathered, "frozen": frozen, "events": units.events,
+            "ops": plain(rec.ops), "held": held_bytes(fsdp, opt), "group_rank": rank, "group_size": size,
+            "accumulate": accumulate}
+
+
+NOT_GATHERED = " [not gathered: "  # how fsdp_run marks a forward that ran on a freed unit
+
+
+class _GatherWatch:
+    """Forward pre-hooks registered after the learner's (so they run after its gather): note, per
+    unit, the flat parameters its first forward sees, and which unit, if any, was gathered instead
+    of a unit about to run freed -- the mark of hooks bound to the wrong unit."""
+
+    def __init__(self, fsdp, units):
+        self.first, self.units, self.missed = True, units, None
+        self.gathered = [None] * len(fsdp.units)
+        for index, unit in enumerate(fsdp.units):
+            if isinstance(unit, FlatUnit):  # anything else is judged by the test, not watched here
+                unit.module.register_forward_pre_hook(lambda module, args, index=index, unit=unit:
+                                                      self._seen(index, unit))
+
+    def _seen(self, index, unit):
+        if unit.unsharded:
+            if self.first and self.gathered[index] is None:
+                self.gathered[index] = unit.buffer.detach().clone()
+            return
+        if self.missed is None:
+            allocs = [name for what, name, _, _ in self.units.events if what == "alloc"]
+            self.missed = (unit.name, allocs[-1] if allocs else None)
+
+    def not_gathered(self):
+        """' [not gathered: fc0; gathered before it: head]', or '' when every unit was gathered."""
+        if self.missed is None:
+            return ""
+        name, last = self.missed
+        return f"{NOT_GATHERED}{name}; gathered before it: {last}]"
 
 
 def flat_parameters(module):
