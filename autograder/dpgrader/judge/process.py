@@ -21,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from dpgrader.judge import sandbox
 from dpgrader.judge.sandbox import can_isolate_ranks
 from dpgrader.judge.zygotes import new_scratch_folder
 
@@ -123,6 +124,9 @@ class JudgeWorker:
         try:  # the judge ended (its output closed), or it is still at work past the time limit
             code = self.proc.wait(max(0.0, min(5.0, deadline - time.monotonic())))
             why = f"exit status {code}"
+            if code == -signal.SIGKILL and self.cgroup.memory_failures():
+                limit = sandbox.LIMITS["judge_memory_bytes"] >> 20
+                why += f": the judge reached its memory limit ({limit} MiB) while judging this notebook"
         except subprocess.TimeoutExpired:
             why = f"stopped after {timeout:g} s"
         self._stop()
@@ -132,12 +136,20 @@ class JudgeWorker:
         return {"error": f"the grader could not judge this notebook ({why}):\n{tail}"}
 
     def _start(self):
+        """Start a judge process: in a memory cgroup of its own (what ranks send it cannot grow it
+        past LIMITS["judge_memory_bytes"]), with its scratch folder a tmpfs of a bounded size."""
         command = [sys.executable, "-m", "dpgrader.judge", "--serve"]
         if not self.sandboxed:
             command.append("--no-sandbox")
+        os.makedirs(self.scratch, exist_ok=True)
+        limit = sandbox.LIMITS["scratch_bytes"]
+        self.scratch_mounted = self.sandboxed and sandbox.mount_tmpfs(self.scratch, limit)
+        self.cgroup = sandbox.Cgroup(memory=sandbox.LIMITS["judge_memory_bytes"],
+                                     pids=sandbox.LIMITS["judge_pids"], name="dpcourse-judge")
         self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self.log, env=_judge_env(self.scratch), cwd=self.folder.name,
-                                     text=True, start_new_session=True)
+                                     stderr=self.log, env=_judge_env(self.scratch, self.folder.name),
+                                     cwd=self.folder.name, text=True, start_new_session=True)
+        self.cgroup.add(self.proc.pid)
 
     def _reply(self, timeout):
         """The judge's next line, or None when it ends or `timeout` seconds pass first."""
@@ -167,6 +179,11 @@ class JudgeWorker:
             with contextlib.suppress(OSError):
                 self.proc.stdout.close()
             self.proc = None
+            self.cgroup.kill_all()
+            self.cgroup.remove()
+        if getattr(self, "scratch_mounted", False):
+            sandbox.unmount(self.scratch)
+            self.scratch_mounted = False
         shutil.rmtree(self.scratch, ignore_errors=True)  # what a killed judge left; made again if needed
 
     def close(self):
@@ -181,6 +198,16 @@ class JudgeWorker:
         self.close()
 
 
-def _judge_env(scratch):
-    return dict(os.environ, DPCOURSE_JUDGE_SCRATCH=scratch,
-                PYTHONPATH=os.pathsep.join(filter(None, [str(AUTOGRADER), os.environ.get("PYTHONPATH")])))
+# What the judge takes from its caller's environment: the grading knobs, nothing else (no gradebook
+# URL, no course root, no secret the instructor's shell holds).
+JUDGE_SETTINGS = ("DPCOURSE_DEADLINE", "DPCOURSE_GROUP_TIMEOUT", "DPCOURSE_SANDBOX_MEMORY",
+                  "DPCOURSE_SANDBOX_PIDS", "DPCOURSE_SANDBOX_SHARED", "DPCOURSE_JUDGE_MEMORY",
+                  "DPCOURSE_SANDBOX_SCRATCH", "LANG", "LC_ALL", "TZ")
+
+
+def _judge_env(scratch, home):
+    """The judge's whole environment (an allow-list); `home`: its private working folder."""
+    env = {key: os.environ[key] for key in JUDGE_SETTINGS if key in os.environ}
+    python_path = [str(AUTOGRADER), str(AUTOGRADER.parent / "course")]
+    return dict(env, DPCOURSE_JUDGE_SCRATCH=scratch, PATH=os.defpath, HOME=home,
+                PYTHONPATH=os.pathsep.join(python_path), PYTHONDONTWRITEBYTECODE="1")

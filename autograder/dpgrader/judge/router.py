@@ -32,11 +32,23 @@ def _fold(tensors, op):
     return acc
 
 
-class Router:
-    """Serve the sockets of one launch's ranks until they close; keep the log of every call."""
+MAX_MESSAGE = 64 << 20  # bytes of one message (a rank's frame) the router reads
+MAX_WAITING = 256 << 20  # bytes of messages and collective inputs the router holds for one launch
 
-    def __init__(self, sockets, p2p_only=False, exercise="this exercise"):
+
+class Router:
+    """Serve the sockets of one launch's ranks until they close; keep the log of every call.
+
+    What the router holds is bounded, so that learner code cannot grow the grader: a frame larger
+    than `max_message` is refused before its body is read (the rank's call fails, saying so), and
+    sends waiting for their receive plus collective inputs waiting for their group may hold at
+    most `max_waiting` bytes at once.
+    """
+
+    def __init__(self, sockets, p2p_only=False, exercise="this exercise", max_message=MAX_MESSAGE,
+                 max_waiting=MAX_WAITING, **_):
         self.sockets, self.p2p_only, self.exercise = sockets, p2p_only, exercise
+        self.max_message, self.max_waiting, self.waiting = max_message, max_waiting, 0
         self.world = len(sockets)
         self.locks = [threading.Lock() for _ in sockets]
         self.state = threading.Lock()
@@ -61,7 +73,15 @@ class Router:
         sock = self.sockets[rank]
         try:
             while True:
-                frame = wire.read_frame(sock)
+                try:
+                    frame = wire.read_frame(sock, self.max_message)
+                except wire.FrameTooLarge as exc:
+                    seq = (exc.header or {}).get("seq")
+                    self.protocol_errors.append((rank, str(exc)))
+                    self._reply(rank, {"k": "error", "seq": seq, "msg": (
+                        f"rank {rank} sent {exc}: no message of {self.exercise} needs that much (the "
+                        f"grader stopped reading this rank)")})
+                    return
                 if frame is None:
                     return
                 header, tensors = frame
@@ -99,7 +119,7 @@ class Router:
             key = (group, rank, dst, tag)
             if self.recvs[key]:
                 self._deliver(key, (rank, seq, tensors[0], op), self.recvs[key].popleft())
-            else:
+            elif self._hold(rank, seq, op.nbytes):
                 self.sends[key].append((rank, seq, tensors[0], op))
 
     def _recv(self, rank, seq, group, src, tag, numel):
@@ -112,9 +132,21 @@ class Router:
             self.log[rank].append(op)
             key = (group, src, rank, tag)
             if self.sends[key]:
-                self._deliver(key, self.sends[key].popleft(), (rank, seq, numel, op))
+                send = self.sends[key].popleft()
+                self.waiting -= send[3].nbytes
+                self._deliver(key, send, (rank, seq, numel, op))
             else:
                 self.recvs[key].append((rank, seq, numel, op))
+
+    def _hold(self, rank, seq, nbytes):
+        """Count `nbytes` more held here (under self.state); False, with the call refused, past the limit."""
+        if self.waiting + nbytes > self.max_waiting:
+            self._reply(rank, {"k": "error", "seq": seq, "msg": (
+                f"rank {rank}'s message of {nbytes} bytes would make more than {self.max_waiting >> 20} MiB "
+                f"of messages wait for their receives at once: no step of {self.exercise} needs that")})
+            return False
+        self.waiting += nbytes
+        return True
 
     def _deliver(self, key, send, recv):
         src, send_seq, tensor, send_op = send
@@ -141,6 +173,10 @@ class Router:
                 f"{self.exercise} called the collective `{op}`: it must be built from point-to-point "
                 f"operations only (dist.send/recv/isend/irecv or batch_isend_irecv)")})
             return
+        with self.state:
+            held = self._hold(rank, seq, record.nbytes)
+        if not held:
+            return  # its error reply settles the call
         self._reply(rank, {"k": "ack", "seq": seq, "refused": None})
         with self.state:
             index = self.calls_on[(rank, group)]
@@ -150,6 +186,7 @@ class Router:
             if len(slot) < len(group):
                 return
             del self.slots[(group, index)]
+            self.waiting -= sum(slot[r][4].nbytes for r in group)
         self._complete(group, index, slot)
 
     def _complete(self, group, index, slot):

@@ -102,10 +102,40 @@ def join_group(rank, world_size, backend, store_path, group_timeout):
     return store
 
 
+class PerRank:
+    """An argument of `launch` that differs by rank: rank r receives `values[r]` and nothing of the
+    others' (`launch(fn, 3, per_rank([x0, x1, x2]))` calls fn(x0) on rank 0). While grading, each
+    rank is sent only its own value, so a rank cannot read its peers' inputs: what it learns of
+    them, it learns from messages."""
+
+    def __init__(self, values):
+        self.values = list(values)
+
+    def __repr__(self):
+        return f"per_rank({self.values!r})"
+
+
+def for_rank(value, rank, world_size=None, depth=0):
+    """`value` with every PerRank in it (in lists, tuples and dicts) replaced by its entry for `rank`."""
+    if isinstance(value, PerRank):
+        if world_size is not None and len(value.values) != world_size:
+            raise ValueError(f"per_rank got {len(value.values)} values for {world_size} ranks")
+        return value.values[rank]
+    if depth > 8:
+        return value
+    if type(value) in (list, tuple):
+        items = [for_rank(v, rank, world_size, depth + 1) for v in value]
+        return items if type(value) is list else tuple(items)
+    if type(value) is dict:
+        return {k: for_rank(v, rank, world_size, depth + 1) for k, v in value.items()}
+    return value
+
+
 def run_rank(spec, fn, args, kwargs, msg_fd, diag_fd):
     """Run `fn` as one rank and never return: the process ends here."""
     code, store = 1, None
     try:
+        fn, args, kwargs = for_rank((fn, args, kwargs), spec["rank"], spec["world_size"])
         import torch
 
         # A child forked after the parent used OpenMP hangs in its first big op
