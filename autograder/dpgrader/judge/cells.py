@@ -82,7 +82,7 @@ def judge(source, submission, sandboxed=True, only=None, pool=None):
                 if is_graded_test(cell):
                     grade_id = nbgrader_meta(cell)["grade_id"]
                     if only is None or grade_id in only:
-                        verdicts[grade_id] = _run_test_cell(cell.source, namespace)
+                        verdicts[grade_id] = _run_test_cell(cell.source, namespace, pool)
                 else:
                     problem = _run_setup_cell(cell.source, namespace, pool)
                     if problem:
@@ -111,13 +111,18 @@ def _run_setup_cell(source, namespace, pool):
     return None
 
 
-def _run_test_cell(source, namespace):
+def _run_test_cell(source, namespace, pool):
+    """One test cell's verdict. Checks deferred by the cell (launcher.check_after_cell: how results
+    were reached) run after its own code passed, so a wrong result keeps its own message."""
     out, err = io.StringIO(), io.StringIO()
     start = time.monotonic()
     verdict = {"passed": True, "ename": None, "evalue": None}
+    pool.deferred = []
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
             exec(compile(source, "<test cell>", "exec"), namespace)  # noqa: S102 - instructor code
+            while pool.deferred:
+                pool.deferred.pop(0)()
         except GraderFailure:
             raise
         except Exception as exc:  # noqa: BLE001 - the verdict

@@ -19,7 +19,6 @@ import io
 import os
 import pickle
 import re
-import secrets
 import signal
 import socket
 import struct
@@ -40,15 +39,7 @@ PRELOAD_HINTS = {"matplotlib.pyplot": "matplotlib"}  # module -> text of a progr
 OUTPUT_LIMIT = 64 * 1024  # bytes of output relayed per rank and launch; the rest is dropped
 REPORT_LIMIT = 256 << 20  # bytes of one rank's result (a state_dict, tensors)
 TEXT_LIMIT = 20_000  # characters of a rank's error message or traceback kept (its own text)
-UID_BLOCK = 128  # user ids per submission: its ranks (up to 64) and its learner process of direct calls
 SESSION_UID = 64  # the learner process of direct calls runs as uid_base + 64
-
-
-def new_uid_block():
-    """The first of UID_BLOCK user ids nobody else uses: fresh for each submission, so that nothing
-    one learner's processes do (signals, per-user limits) can reach another's. Drawn at random from
-    2^20 .. 2^31, far from the machine's own users; two submissions meet with chance 1 in 2^24."""
-    return secrets.randbelow((1 << 31) // UID_BLOCK - (1 << 20) // UID_BLOCK) * UID_BLOCK + (1 << 20)
 
 
 def _reduce_parameter(parameter):
@@ -192,7 +183,8 @@ class RankPool:
         # As root, every rank shares one sandbox and the zygote isolates each rank it forks;
         # otherwise (bwrap through user namespaces) each rank index gets a sandbox of its own.
         self.shared = sandboxed and sandbox.can_isolate_ranks()
-        self.last_traffic, self.launches, self.session = None, 0, None
+        self.last_traffic, self.last_flow, self.launches, self.session = None, None, 0, None
+        self.deferred = []  # checks to run once the test cell's own checks passed (launcher.check_after_cell)
         self.submission, self.uid_base = None, None  # as root: this submission's zygote and user ids
         count = 1 if self.shared else prestart
         self.zygotes = zygotes.take_early(sandboxed, scratch) or [
@@ -253,7 +245,7 @@ class RankPool:
             if self.submission is not None:
                 self._close_submission()
             self.submission = self.zygotes[0].open_submission()
-            self.uid_base = new_uid_block()
+            self.uid_base = sandbox.new_uid_block()
         return self.submission
 
     def ensure(self, world_size):
@@ -315,6 +307,7 @@ class RankPool:
             if router is not None:
                 router.join(2.0)
                 self.last_traffic = [router.ops_of(r) for r in range(world_size)]
+                self.last_flow = router.flow
             self.launches += 1
 
     def _start(self, rank, world_size, group_timeout, payload, router_ends, shared):

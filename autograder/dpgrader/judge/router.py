@@ -46,8 +46,14 @@ class Router:
     """
 
     def __init__(self, sockets, p2p_only=False, exercise="this exercise", max_message=MAX_MESSAGE,
-                 max_waiting=MAX_WAITING, **_):
+                 max_waiting=MAX_WAITING, keep_messages=None, **_):
         self.sockets, self.p2p_only, self.exercise = sockets, p2p_only, exercise
+        # What each message carried, for checks of where a rank's data came from (dpcourse.comm.
+        # provenance): ("post", src, dst, id, tensor) when a send arrives, ("deliver", src, dst, id,
+        # tensor) when the router hands it to its receiver; kept in point-to-point exercises, and for
+        # collectives (CommOp.payload) when asked.
+        self.keep_messages = p2p_only if keep_messages is None else keep_messages
+        self.flow, self.sent = [], 0
         self.max_message, self.max_waiting, self.waiting = max_message, max_waiting, 0
         self.world = len(sockets)
         self.locks = [threading.Lock() for _ in sockets]
@@ -116,6 +122,10 @@ class Router:
         op.tag = tag
         with self.state:
             self.log[rank].append(op)
+            if self.keep_messages:
+                op.message = self.sent
+                self.sent += 1
+                self.flow.append(("post", rank, dst, op.message, tensors[0]))
             key = (group, rank, dst, tag)
             if self.recvs[key]:
                 self._deliver(key, (rank, seq, tensors[0], op), self.recvs[key].popleft())
@@ -159,12 +169,16 @@ class Router:
             self._reply(dst, {"k": "error", "seq": recv_seq, "msg": message})
             self._reply(src, {"k": "error", "seq": send_seq, "msg": message})
             return
+        if self.keep_messages:
+            self.flow.append(("deliver", src, dst, send_op.message, tensor))
         self._reply(dst, {"k": "done", "seq": recv_seq}, [tensor])
         self._reply(src, {"k": "done", "seq": send_seq})
 
     # -- collectives --------------------------------------------------------------------------
     def _collective(self, rank, seq, group, op, params, tensors):
         record = CommOp(op, None, sum(_nbytes(t) for t in tensors), time.perf_counter(), None, group)
+        if self.keep_messages:
+            record.payload = list(tensors)
         with self.state:
             self.log[rank].append(record)
         if self.p2p_only:

@@ -113,8 +113,9 @@ def argv(command, *, binds=(), network=False, keep_capabilities=False):
                      key=lambda a: len(a.parts))
     # the private /tmp first, then what is shown: a course or an environment that lives under /tmp
     # (a clone in /tmp/...) stays visible on top of it
-    args += ["--proc", "/proc", "--dev", "/dev", "--size", str(LIMITS["tmp_bytes"]), "--tmpfs", "/tmp",
-             "--dir", "/tmp/home", "--setenv", "HOME", "/tmp/home", "--setenv", "MPLCONFIGDIR", "/tmp/home",
+    args += ["--proc", "/proc", "--dev", "/dev", "--size", str(LIMITS["tmp_bytes"]), "--perms", "1777",
+             "--tmpfs", "/tmp", "--perms", "1777", "--dir", "/tmp/home", "--setenv", "HOME", "/tmp/home",
+             "--setenv", "MPLCONFIGDIR", "/tmp/home",
              "--setenv", "TMPDIR", "/tmp", "--chdir", "/tmp"]
     for parent in parents:  # traversable by the unprivileged users that graded ranks run as
         args += ["--perms", "0755", "--dir", str(parent)]
@@ -123,6 +124,19 @@ def argv(command, *, binds=(), network=False, keep_capabilities=False):
     for path, writable in binds:
         args += ["--bind" if writable else "--ro-bind", str(path), str(path)]
     return args + ["--", *map(str, command)]
+
+
+UID_BLOCK = 128  # user ids per submission: its ranks (up to 64) and its learner process of direct calls
+
+
+def new_uid_block():
+    """The first of UID_BLOCK user ids nobody else uses: fresh for each submission (and each sandboxed
+    kernel), so that nothing one learner's processes do (signals, per-user limits) can reach
+    another's. Drawn at random from 2^20 .. 2^31, far from the machine's own users; two submissions
+    meet with a chance of 1 in 2^24."""
+    import secrets
+
+    return secrets.randbelow((1 << 31) // UID_BLOCK - (1 << 20) // UID_BLOCK) * UID_BLOCK + (1 << 20)
 
 
 def can_isolate_ranks():
