@@ -184,6 +184,7 @@ class RankPool:
         # otherwise (bwrap through user namespaces) each rank index gets a sandbox of its own.
         self.shared = sandboxed and sandbox.can_isolate_ranks()
         self.last_traffic, self.last_flow, self.launches, self.session = None, None, 0, None
+        self.last_memory = None  # per rank, what its zygote measured (launches with measure_memory)
         self.deferred = []  # checks to run once the test cell's own checks passed (launcher.check_after_cell)
         self.submission, self.uid_base = None, None  # as root: this submission's zygote and user ids
         count = 1 if self.shared else prestart
@@ -295,7 +296,8 @@ class RankPool:
                 # each rank is sent its own inputs only (per_rank), never its peers'
                 mine = for_rank((fn, args, kwargs), rank, world_size)
                 payload = cloudpickle.dumps((self.program, dumps(mine)))
-                ranks.append(self._start(rank, world_size, group_timeout, payload, router_ends, shared))
+                ranks.append(self._start(rank, world_size, group_timeout, payload, router_ends, shared,
+                                         bool(options.get("measure_memory"))))
             router = Router(router_ends, **options)
             return launcher.supervise(ranks, deadline, group_timeout, source=self.source_line)
         finally:
@@ -308,16 +310,17 @@ class RankPool:
                 router.join(2.0)
                 self.last_traffic = [router.ops_of(r) for r in range(world_size)]
                 self.last_flow = router.flow
+            self.last_memory = [f.memory.pop(r.pid, None) for f, r in zip(forkers, ranks, strict=False)]
             self.launches += 1
 
-    def _start(self, rank, world_size, group_timeout, payload, router_ends, shared):
+    def _start(self, rank, world_size, group_timeout, payload, router_ends, shared, probe=False):
         ours, theirs = socket.socketpair()
         router_ends.append(ours)
         pipes = [os.pipe() for _ in range(3)]
         try:
             spec = {"rank": rank, "world_size": world_size, "group_timeout": group_timeout,
                     "isolate": self.shared, "scratch": str(self.scratch) if self.scratch else None,
-                    "shared": shared, "uid": self.uid(rank)}
+                    "shared": shared, "uid": self.uid(rank), "probe": probe}
             pid = self.zygote_of(rank).run(spec, [theirs.fileno(), *(w for _, w in pipes)], payload)
         except BaseException:
             for read_end, _ in pipes:

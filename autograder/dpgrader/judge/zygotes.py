@@ -18,6 +18,7 @@ import time
 
 from dpgrader.judge import sandbox
 
+PACKET = 1 << 16  # largest control message a zygote sends (an exit with memory marks: ~20 KB)
 PRESTART = 4  # sandboxes started at once when ranks do not share one (most tests use <= 4 ranks)
 _early = None  # {"sandboxed", "scratch", "zygotes"} from start_early, until a RankPool takes them
 
@@ -92,6 +93,7 @@ class Forker:
 
     def __init__(self, control):
         self.control, self.exits, self.dead = control, {}, False
+        self.memory = {}  # pid -> what the zygote measured of a rank launched with a memory probe
 
     def run(self, spec, fds, payload):
         message = json.dumps(dict(spec, cmd="run", size=len(payload))).encode()
@@ -105,7 +107,7 @@ class Forker:
         while time.monotonic() < end:
             self.control.settimeout(max(0.01, end - time.monotonic()))
             try:
-                packet = self.control.recv(4096)
+                packet = self.control.recv(PACKET)
             except TimeoutError:
                 break
             except OSError:
@@ -125,13 +127,15 @@ class Forker:
     def _note(self, message):
         if "exited" in message:
             self.exits[message["exited"]] = message["status"]
+            if "memory" in message:
+                self.memory[message["exited"]] = message["memory"]
 
     def pump(self):
         """Read the zygote's pending messages (exits) without blocking."""
         try:
             self.control.setblocking(False)
             while True:
-                packet = self.control.recv(4096)
+                packet = self.control.recv(PACKET)
                 if not packet:
                     self.dead = True
                     return
@@ -186,7 +190,7 @@ class Zygote(Forker):
     def wait_ready(self, timeout=120.0):
         self.control.settimeout(timeout)
         try:
-            packet = self.control.recv(4096)
+            packet = self.control.recv(PACKET)
         except TimeoutError:
             packet = b""
         finally:

@@ -118,13 +118,23 @@ def check_after_cell(check):
         _runner.deferred.append(check)
 
 
+def observed_memory():
+    """While graded with launch_options(measure_memory=True), per rank what its zygote measured of the
+    last launch: {"start_anon", "start_rss", "marks": [[label, anonymous bytes, resident bytes]],
+    "peak_rss"} (dpcourse.runtime.zygote.Probe), or None for a rank that was not measured; None when
+    not graded."""
+    return None if _runner is None else getattr(_runner, "last_memory", None)
+
+
 @contextlib.contextmanager
-def launch_options(p2p_only=False, exercise="this exercise", keep_messages=None):
+def launch_options(p2p_only=False, exercise="this exercise", keep_messages=None, measure_memory=False):
     """Launches in this block are for an exercise built from send/recv only: the grader's router
     refuses their collectives (in a notebook the ranks' own recorder does it). keep_messages: the
-    router keeps what each message carried (default: in point-to-point exercises)."""
+    router keeps what each message carried (default: in point-to-point exercises). measure_memory:
+    while graded, each rank's memory is measured from outside at its memory_mark calls."""
     previous = getattr(_options, "value", None)
-    _options.value = {"p2p_only": p2p_only, "exercise": exercise, "keep_messages": keep_messages}
+    _options.value = {"p2p_only": p2p_only, "exercise": exercise, "keep_messages": keep_messages,
+                      "measure_memory": measure_memory}
     try:
         yield
     finally:
@@ -133,7 +143,7 @@ def launch_options(p2p_only=False, exercise="this exercise", keep_messages=None)
 
 def current_options():
     return getattr(_options, "value", None) or {"p2p_only": False, "exercise": "this exercise",
-                                                "keep_messages": None}
+                                                "keep_messages": None, "measure_memory": False}
 
 
 def _check_caller(world_size):
