@@ -97,24 +97,32 @@ class JudgeWorker:
         self.scratch = new_scratch_folder()
         self.log = open(Path(self.folder.name) / "judge.log", "w+")  # noqa: SIM115 - closed in close()
 
-    def judge(self, source, submission, timeout=900, owner=None):
+    def judge(self, source, submission, timeout=900, owner=None, budget=None, budget_why=""):
         """`owner`: whose submission this is. Where each rank cannot be isolated from its sandbox's
         warm interpreter (grading without root: ranks run as the same user), a judge serves one
-        owner only, so that nothing one learner's ranks did to it can reach another learner."""
+        owner only, so that nothing one learner's ranks did to it can reach another learner.
+        `budget`: seconds the submission's launches and calls may take in all (the judge fails the
+        cells after it, saying `budget_why`); the judge itself is stopped `timeout` seconds in."""
         if owner != self.owner and self.sandboxed and not can_isolate_ranks():
             self._stop(grace=10.0)
         self.owner = owner
-        return self.answer(*self.ask(source, submission, timeout))
+        return self.answer(*self.ask(source, submission, timeout, budget, budget_why))
 
-    def ask(self, source, submission, timeout=900):
+    def ask(self, source, submission, timeout=900, budget=None, budget_why=""):
         """Hand the judge a submission; `answer` waits for its verdicts."""
         if self.proc is None:
             self._start()
         asked = (str(submission), self.log.tell(), time.monotonic() + timeout, timeout)
+        job = {"source": str(source), "submission": str(submission), "budget": budget,
+               "budget_why": budget_why}
         with contextlib.suppress(OSError):
-            self.proc.stdin.write(json.dumps({"source": str(source), "submission": str(submission)}) + "\n")
+            self.proc.stdin.write(json.dumps(job) + "\n")
             self.proc.stdin.flush()
         return asked
+
+    def restart(self):
+        """A fresh judge process for the next submission (its sandboxes started again)."""
+        self._stop()
 
     def answer(self, submission, log_start, deadline, timeout):
         """The verdicts on what `ask` handed over, or {"error": why} (the judge is then stopped)."""

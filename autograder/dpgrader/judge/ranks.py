@@ -66,6 +66,10 @@ def dumps(obj):
     return buffer.getvalue()
 
 
+class BudgetSpent(RuntimeError):
+    """The submission's time budget for grading is used up: its remaining launches and calls fail."""
+
+
 class RemoteRank:
     """The launcher's handle on a rank that a zygote forked: poll, signal, decode its report."""
 
@@ -205,6 +209,30 @@ class RankPool:
             self.submission.close()
         self.submission, self.uid_base = None, None
 
+    def end_submission(self):
+        """The submission is judged: kill its whole pid namespace now (not at the next one), and say
+        how often its processes reached their cgroup's limits."""
+        reached = self.submission.cgroup.limits_reached() if self.submission is not None else {}
+        self._close_submission()
+        self.budget_end = None
+        return reached
+
+    def set_budget(self, seconds, why=""):
+        """Launches and calls from now on end within `seconds` in all (None: no budget); past it they
+        raise BudgetSpent saying `why` the budget is what it is."""
+        self.budget_end = None if seconds is None else time.monotonic() + float(seconds)
+        self.budget, self.budget_why = seconds, why
+
+    def _within_budget(self, seconds):
+        """`seconds`, shortened to what is left of the budget; BudgetSpent once it is gone."""
+        if getattr(self, "budget_end", None) is None:
+            return seconds
+        left = self.budget_end - time.monotonic()
+        if left <= 0.5:
+            raise BudgetSpent(f"not run: this notebook used up its time budget for grading ({self.budget:g} s"
+                              f"{self.budget_why}) before this point")
+        return min(seconds, left)
+
     def uid(self, offset):
         """The user id of this submission's rank `offset` (None: the zygote's default)."""
         return None if self.uid_base is None else self.uid_base + offset
@@ -230,6 +258,7 @@ class RankPool:
         """A direct call of the learner's `name`: ("ok", value) or ("error", type, message)."""
         if getattr(self, "refusal", None):
             raise RuntimeError(f"{self.refusal} may not run the learner's code while grading")
+        timeout = self._within_budget(timeout)
         self.ensure(1)
         if self.session is None:
             self.session = CallSession(self)
@@ -287,6 +316,7 @@ class RankPool:
         if getattr(self, "refusal", None):
             raise RuntimeError(f"{self.refusal} may not launch ranks while grading")
         options = launcher.current_options()
+        deadline = self._within_budget(deadline)
         self.ensure(world_size)
         shared = self._shared_folders(args, kwargs, options)
         forkers = [self.zygote_of(rank) for rank in range(world_size)]

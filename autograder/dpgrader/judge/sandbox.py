@@ -240,6 +240,22 @@ class Cgroup:
             time.sleep(0.005)
         return False
 
+    def limits_reached(self):
+        """{"processes": times a fork or thread hit pids.max, "memory": times an allocation hit the
+        memory limit}: how a submission that failed on "can't start new thread" or a kill is told
+        apart from one hurt by something else."""
+        found = {}
+        for path in self.paths:
+            try:
+                if path.parent.name == "pids":
+                    events = (path / "pids.events").read_text().split()
+                    found["processes"] = int(events[events.index("max") + 1]) if "max" in events else 0
+                else:
+                    found["memory"] = int((path / "memory.failcnt").read_text())
+            except (OSError, ValueError, IndexError):
+                continue
+        return found
+
     def memory_failures(self):
         """How many times an allocation hit its memory limit (memory.failcnt), or None."""
         for path in self.paths:

@@ -10,10 +10,10 @@ Each rank is sent only its own input (launcher.per_rank), but test inputs can be
 test builds them in plain sight). So the grader's router keeps what each message carried, and this
 module replays the launch, tracking what each rank *knows*: for every element position e of the
 input tensors, the set of ranks whose input at e it has seen (its own from the start; a message
-adds what it carried). A message must be a sum of inputs at some contiguous run of positions over
-ranks its sender knew there when it sent it; every value a rank ends with (its tensor after the
-call, what it returned) must be such a sum over ranks it knew. Copies are sums over one rank, so
-the rule covers broadcasts and gathers as well as reductions.
+adds what it carried). A message must be a run of positions e .. e + k of the inputs, each element
+a sum over ranks its sender knew there when it sent it; every value a rank ends with (its tensor
+after the call, what it returned) must be such a sum over ranks it knew. Copies are sums over one
+rank, so the rule covers broadcasts and gathers as well as reductions.
 
 The check runs after the test cell's own checks passed (launcher.check_after_cell): it speaks only
 about right answers reached the wrong way, and a wrong answer keeps its own message.
@@ -51,28 +51,31 @@ class Knowledge:
         self.known = {r: torch.full((self.numel,), 1 << r, dtype=torch.int64) for r in self.ranks}
 
     def explain(self, rank, values):
-        """Every way the flat tensor `values` is a sum of inputs at a run of positions over ranks
-        `rank` knew there: (a boolean matrix subsets x start offsets, the offsets); None if none.
-        A short message may match in several places by coincidence: all of them count."""
+        """How the flat tensor `values` is made of inputs `rank` had: for some run of positions
+        offset .. offset + k, element i is a sum over ranks the rank knew at offset + i (each element
+        its own set: a message may carry chunks of different ranks). Returns (the ranks' masks per
+        valid offset and element, a (offsets, k) tensor, and the offsets), or None if it is not.
+        A short message may fit in several places by coincidence: all of them count."""
         values = values.detach().reshape(-1).double().cpu()
         k = values.numel()
         if k == 0:
-            return torch.zeros(len(self.subsets), 0, dtype=torch.bool), torch.zeros(0, dtype=torch.int64)
+            return torch.zeros(0, 0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64)
         if k > self.numel or rank not in self.known:
             return None
         for offsets in self._offsets(k):
-            valid = self._valid(rank, values, offsets)
-            if valid.any():
-                return valid, offsets
+            positions = offsets[:, None] + torch.arange(k)  # (offsets, k)
+            windows = self.sums[:, positions]  # (subsets, offsets, k)
+            close = (windows - values).abs() <= self.atol + self.rtol * windows.abs()
+            known = self.known[rank][positions]  # (offsets, k)
+            ok = close & ((known[None] & self.masks[:, None, None]) == self.masks[:, None, None])
+            fits = ok.any(dim=0).all(dim=1)  # offsets where every element is made of known inputs
+            if fits.any():
+                ok = ok[:, fits]
+                learned = torch.zeros(ok.shape[1:], dtype=torch.int64)
+                for s_index in ok.flatten(1).any(dim=1).nonzero().flatten().tolist():
+                    learned |= torch.where(ok[s_index], self.masks[s_index], 0)
+                return learned, offsets[fits]
         return None
-
-    def _valid(self, rank, values, offsets):
-        k = values.numel()
-        positions = offsets[:, None] + torch.arange(k)  # (offsets, k)
-        windows = self.sums[:, positions]  # (subsets, offsets, k)
-        matching = ((windows - values).abs() <= self.atol + self.rtol * windows.abs()).all(dim=2)
-        allowed = (self.known[rank][None, :] & self.masks[:, None]) == self.masks[:, None]  # (subsets, numel)
-        return matching & allowed[:, positions].all(dim=2)
 
     def _offsets(self, k):
         """Where a run of k elements may start: first where chunks of a split into n parts start
@@ -87,16 +90,11 @@ class Knowledge:
 
     def learn(self, rank, explained, k):
         """`rank` received a message `explained` (what `explain` returned for its sender)."""
-        valid, offsets = explained
+        learned, offsets = explained
         if rank not in self.known or not k:
             return
-        for s_index in valid.any(dim=1).nonzero().flatten().tolist():
-            covered = torch.zeros(self.numel + 1, dtype=torch.int64)
-            starts = offsets[valid[s_index]]
-            covered.index_add_(0, starts, torch.ones_like(starts))
-            covered.index_add_(0, starts + k, -torch.ones_like(starts))
-            inside = covered.cumsum(0)[:self.numel] > 0
-            self.known[rank][inside] |= int(self.masks[s_index])
+        for row, offset in zip(learned, offsets.tolist(), strict=True):
+            self.known[rank][offset:offset + k] |= row
 
     def values_known(self, rank, value):
         """The first position (index into the flat tensor) of `value` (same shape as the inputs) that
