@@ -7,14 +7,14 @@
 Why: `held_bytes` (topics.zero.memory) counts what a rank holds by walking the module and the
 optimizer, so a ShardedOptimizer that keeps a full copy in an attribute of its own, or a MiniFSDP
 that keeps a replica in a list, is not seen. Here each rank trains a model large enough for 1/N to
-show in the process's memory (MODEL: 2 million float64 parameters, 16 MB) and names a few
+show in the process's memory (MODEL: 1 million float64 parameters, 8 MB) and names a few
 moments (inside_rank.memory_mark: before the learner's class is built, after each step); at each,
 the rank's zygote reads the rank's resident anonymous memory from /proc (dpcourse.runtime.zygote.
 Probe). The rank never sees those numbers. What a rank held after a step, minus what it held
 before the learner's class existed, is compared with what the stage needs (implementation_bytes:
 ZeRO-1 the shard, its gradient and two AdamW states; ZeRO-2 the gradient shard; ZeRO-3 the shards,
 their gradients and two states) plus SLACK (3 MiB; measured, a rank is within 0.5 MiB of the need):
-a full copy, 16 MB, is far beyond it. What the rank held at "before" is bounded too (BEFORE): memory
+a full copy, 8 MB, is well beyond it. What the rank held at "before" is bounded too (BEFORE): memory
 set aside by the learner's program cells could otherwise hide a copy made later.
 
 Only while graded (the grader's runner measures; in a notebook these checks do nothing), and only
@@ -37,7 +37,7 @@ from dpcourse.topics.zero.runs import LR, build_model, global_gradient
 from dpcourse.toys.data import global_batch, smooth_regression_data
 from dpcourse.toys.models import loss_fn
 
-MODEL = ("deep_mlp", {"depth": 3, "width": 1000})  # 2.0M float64 parameters: 16 MB, 8 MB per rank of 2
+MODEL = ("deep_mlp", {"depth": 2, "width": 1000})  # 1.0M float64 parameters: 8 MB, 4 MB per rank of 2
 WORLD, SEED, STEPS, ROWS = 2, 21, 2, 8
 SLACK = 3 << 20  # bytes a rank may hold beyond the stage's need (allocator rounding, small tensors)
 MB = 1 << 20
@@ -98,7 +98,7 @@ def zero3_memory_run(MiniFSDP):
 # what a rank holds at "before" beyond its start (the zygote's memory), in full model sizes: the
 # learner's program runs before it, and may not set memory aside there to hide a copy in later
 BEFORE = {"zero1": (2, "the model and its gradients"), "zero2": (1, "the model"), "zero3": (0, "nothing yet")}
-PROGRAM_SLACK = 6 << 20  # what the learner's program (its cells' definitions and imports) may hold
+PROGRAM_SLACK = 3 << 20  # what the learner's program (its cells' definitions and imports) may hold (~1 MiB)
 # what each stage needs after a step beyond "before", in shards of ⌈S/N⌉ float64 elements
 NEEDS = {"zero1": (4, "its shard, the shard's gradient and AdamW's two states"),
          "zero2": (1, "its shard of the averaged gradient"),
