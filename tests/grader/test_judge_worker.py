@@ -7,6 +7,7 @@ nbgrader's autograde restores them.
 """
 
 import json
+import os
 import re
 import time
 from pathlib import Path
@@ -224,3 +225,48 @@ def test_a_slow_on_purpose_notebook_stops_at_its_time_budget(tmp_path, no_orphan
     assert took < 60, f"{took:.0f} s"
     assert not any(passed(verdicts).values()), verdicts
     assert "time budget" in verdicts["test_global_mean_unequal_shards"]["evalue"], verdicts
+
+
+LOOK_AROUND = '''
+import os, sys
+seen = {}
+for what, path in PATHS.items():
+    try:
+        seen[what] = bool(open(path, "rb").read(1) if os.path.isfile(path) else os.listdir(path))
+    except OSError:
+        seen[what] = False
+seen["secret in environment"] = any("planted" in v for v in os.environ.values())
+home = set(os.listdir("/root")) if os.path.isdir("/root") else set()
+seen["root's home (but the Python installation)"] = bool(home - {".pyenv"})
+print(sorted(k for k, v in seen.items() if v))
+'''
+
+
+def test_the_judge_sees_only_what_it_needs(tmp_path, monkeypatch):
+    """The judge process (root: it starts the ranks' sandboxes) runs in a sandbox of its own: an
+    instructor's test cell run there finds no gradebook, no other submission, no solutions folder, no
+    /etc/shadow and nothing of the caller's environment, but the hidden checks and the course."""
+    import nbformat
+
+    monkeypatch.setenv("DPCOURSE_PLANTED", "planted")
+    planted = REPO.parent / f".dpcourse-test-look-{os.getpid()}"
+    planted.write_text("planted")
+    paths = {"solutions": str(REPO / "solutions"), "submitted": str(REPO / "autograder" / "submitted"),
+             "nbgrader_config": str(REPO / "autograder" / "nbgrader_config.py"), "shadow": "/etc/shadow",
+             "next to the checkout": str(planted), "this test": __file__,
+             "hidden checks": str(REPO / "autograder" / "dpgrader" / "orientation.py"),
+             "course": str(REPO / "course" / "dpcourse" / "__init__.py")}
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(f"PATHS = {paths!r}\n" + LOOK_AROUND,
+                                          metadata={"nbgrader": {"grade": True, "grade_id": "look",
+                                                                 "points": 1, "locked": True}})]
+    source = tmp_path / "look.ipynb"
+    nbformat.write(nb, source)
+    try:
+        with JudgeWorker(sandboxed=True) as worker:
+            verdicts = worker.judge(source, source)
+    finally:
+        planted.unlink()
+    assert verdicts["look"]["passed"], verdicts
+    seen = verdicts["look"]["output"]
+    assert seen.strip() == str(["course", "hidden checks"]), seen

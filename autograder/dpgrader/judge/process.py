@@ -109,9 +109,15 @@ class JudgeWorker:
         return self.answer(*self.ask(source, submission, timeout, budget, budget_why))
 
     def ask(self, source, submission, timeout=900, budget=None, budget_why=""):
-        """Hand the judge a submission; `answer` waits for its verdicts."""
+        """Hand the judge a submission; `answer` waits for its verdicts. The judge is given copies of
+        the two notebooks in its own folder (it sees no other submission, and no solution but this one)."""
         if self.proc is None:
             self._start()
+        job_folder = Path(self.folder.name) / "job"
+        shutil.rmtree(job_folder, ignore_errors=True)
+        job_folder.mkdir()
+        source = shutil.copy(source, job_folder / "source.ipynb")
+        submission = shutil.copy(submission, job_folder / "submission.ipynb")
         asked = (str(submission), self.log.tell(), time.monotonic() + timeout, timeout)
         job = {"source": str(source), "submission": str(submission), "budget": budget,
                "budget_why": budget_why}
@@ -152,6 +158,8 @@ class JudgeWorker:
         os.makedirs(self.scratch, exist_ok=True)
         limit = sandbox.LIMITS["scratch_bytes"]
         self.scratch_mounted = self.sandboxed and sandbox.mount_tmpfs(self.scratch, limit)
+        if self.sandboxed and can_isolate_ranks():  # as root: the judge itself sees only what it needs
+            command = sandbox.judge_argv(command, self.folder.name, self.scratch)
         self.cgroup = sandbox.Cgroup(memory=sandbox.LIMITS["judge_memory_bytes"],
                                      pids=sandbox.LIMITS["judge_pids"], name="dpcourse-judge")
         self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,

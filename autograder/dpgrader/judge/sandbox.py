@@ -126,6 +126,38 @@ def argv(command, *, binds=(), network=False, keep_capabilities=False):
     return args + ["--", *map(str, command)]
 
 
+AUTOGRADER = REPO / "autograder"
+HIDDEN_FROM_THE_JUDGE = ("/etc/shadow", "/etc/gshadow", "/etc/sudoers", "/etc/ssh")
+
+
+def judge_argv(command, folder, scratch):
+    """The bwrap command line of a judge process: it sees the OS, the Python environment, the
+    released course and the grader's own package (autograder/dpgrader, with the hidden checks), all
+    read-only; its own folder (`folder`: the notebooks of the job it is given, its log) and the
+    scratch folder it shares with its ranks, writable; and the cgroup hierarchy, where it makes each
+    submission's cgroup. Not the gradebook, not other students' submissions, not the solutions
+    (the job's own notebook is copied into `folder`), not the instructor's home. It keeps root's
+    capabilities: it starts the ranks' sandboxes and moves processes between cgroups, which needs
+    them; no learner code ever runs in it (dpgrader.judge.cells)."""
+    base, prefix = Path(sys.base_prefix).resolve(), Path(sys.prefix)
+    args = ["bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc",
+            "--unshare-uts", "--unshare-net"]
+    for path in ("/usr", "/lib", "/lib64", "/bin", "/sbin", "/etc"):
+        args += ["--ro-bind-try", path, path]
+    for path in HIDDEN_FROM_THE_JUDGE:  # root-only files of the OS: emptied
+        if os.path.isdir(path):
+            args += ["--tmpfs", path]
+        elif os.path.exists(path):
+            args += ["--ro-bind", "/dev/null", path]
+    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--setenv", "TMPDIR", "/tmp",
+             "--chdir", str(folder)]
+    for path in sorted({base, prefix, prefix.resolve(), COURSE, AUTOGRADER / "dpgrader"}):
+        args += ["--ro-bind", str(path), str(path)]
+    for path in (folder, scratch, CGROUP_ROOT):
+        args += ["--bind", str(path), str(path)]
+    return args + ["--", *map(str, command)]
+
+
 UID_BLOCK = 128  # user ids per submission: its ranks (up to 64) and its learner process of direct calls
 
 
