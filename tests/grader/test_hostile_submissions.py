@@ -423,11 +423,13 @@ def test_ranks_get_only_their_own_inputs_and_made_up_messages_fail(tmp_path):
     """A rank that reads its peers' inputs from the caller's frame finds only its own; one that knows a
     visible test's inputs, computes its answer alone and sends zeros in the right pattern has the right
     values and message counts, and loses the cell on what its messages carried."""
+    naive = RING_FROM_THE_FRAME.replace("ring_all_reduce(tensor, group=None)", "naive_all_reduce(tensor)")
     cases = {
         "00_orientation": ({"global_mean": FRAME_READER},
                            ["test_global_mean_basic", "test_global_mean_unequal_shards"]),
         "04_ring_allreduce": ({"ring_all_reduce": RING_FROM_THE_FRAME}, ["test_ring_all_reduce_edge_cases"]),
-        "03_collectives": ({"ring_shift": RING_SHIFT_MADE_UP}, ["test_ring_shift_basic"]),
+        "03_collectives": ({"ring_shift": RING_SHIFT_MADE_UP, "naive_all_reduce": naive},
+                           ["test_ring_shift_basic", "test_naive_all_reduce_basic"]),
     }
     made_up = notebook("04_ring_allreduce", "solutions", {"ring_all_reduce": RING_ALL_REDUCE_MADE_UP},
                        tmp_path / "made_up", "ring")

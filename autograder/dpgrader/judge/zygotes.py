@@ -251,12 +251,9 @@ class Submission(Forker):
     def close(self):
         """End the submission: its zygote, and with it its whole pid namespace; then its cgroup."""
         with contextlib.suppress(OSError):
-            self.control.close()
+            self.control.close()  # its zygote's loop ends, and the zygote with it
         self.dead = True
-        if self.host_pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.host_pid, 9)
-        self.cgroup.kill_all()
+        self.cgroup.kill_all()  # whatever is still there (by the cgroup's list: never a stale pid)
         self.cgroup.remove()
 
 
