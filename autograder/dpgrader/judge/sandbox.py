@@ -128,6 +128,14 @@ def argv(command, *, binds=(), network=False, keep_capabilities=False):
 
 AUTOGRADER = REPO / "autograder"
 HIDDEN_FROM_THE_JUDGE = ("/etc/shadow", "/etc/gshadow", "/etc/sudoers", "/etc/ssh")
+# What the judge keeps of root's capabilities, and why: the ranks' sandboxes (namespaces, mounts:
+# SYS_ADMIN, SYS_CHROOT; their loopback: NET_ADMIN; their capability sets: SETPCAP), each rank's own
+# user (SETUID, SETGID; its home's owner: CHOWN), signalling processes of other users (KILL), and
+# the cgroup tree, whose folders are read-only to everyone, root included (DAC_OVERRIDE: harmless
+# here, the judge's mount namespace shows only what it needs). Not kept: tracing processes
+# (SYS_PTRACE), raw I/O, modules, devices, the clock, the network's raw sockets, ...
+JUDGE_CAPABILITIES = ("CAP_SYS_ADMIN", "CAP_SYS_CHROOT", "CAP_NET_ADMIN", "CAP_SETPCAP", "CAP_SETUID",
+                      "CAP_SETGID", "CAP_CHOWN", "CAP_KILL", "CAP_DAC_OVERRIDE")
 
 
 def judge_argv(command, folder, scratch):
@@ -136,12 +144,14 @@ def judge_argv(command, folder, scratch):
     read-only; its own folder (`folder`: the notebooks of the job it is given, its log) and the
     scratch folder it shares with its ranks, writable; and the cgroup hierarchy, where it makes each
     submission's cgroup. Not the gradebook, not other students' submissions, not the solutions
-    (the job's own notebook is copied into `folder`), not the instructor's home. It keeps root's
-    capabilities: it starts the ranks' sandboxes and moves processes between cgroups, which needs
-    them; no learner code ever runs in it (dpgrader.judge.cells)."""
+    (the job's own notebook is copied into `folder`), not the instructor's home. It keeps the few
+    capabilities of root it needs (JUDGE_CAPABILITIES): it starts the ranks' sandboxes and gives
+    each rank a user of its own; no learner code ever runs in it (dpgrader.judge.cells)."""
     base, prefix = Path(sys.base_prefix).resolve(), Path(sys.prefix)
     args = ["bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc",
-            "--unshare-uts", "--unshare-net"]
+            "--unshare-uts", "--unshare-net", "--cap-drop", "ALL"]
+    for capability in JUDGE_CAPABILITIES:
+        args += ["--cap-add", capability]
     for path in ("/usr", "/lib", "/lib64", "/bin", "/sbin", "/etc"):
         args += ["--ro-bind-try", path, path]
     for path in HIDDEN_FROM_THE_JUDGE:  # root-only files of the OS: emptied
