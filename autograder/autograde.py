@@ -85,7 +85,9 @@ def judge_one(worker, student, assignment, notebook, root, verdicts_dir, budget=
         killed = "exit status -9" in verdicts["error"] and "memory limit" not in verdicts["error"]
         return {"error": verdicts["error"], "starved": ["its judge was killed from outside"] * killed}
     save_verdicts(verdicts_dir, student, assignment, notebook.stem, verdicts)
-    return {"starved": starved(verdicts)}
+    cells = [v for v in verdicts.values() if isinstance(v, dict)]
+    spent = any("used up its time budget" in str(v.get("evalue")) for v in cells)
+    return {"starved": starved(verdicts), "budget_spent": spent}
 
 
 def starved(verdicts):
@@ -335,6 +337,9 @@ def main(argv=None):
     print(f"grades: {root / 'autograder' / 'grades.csv'}; feedback: {root / 'autograder' / 'feedback'}")
     for assignment in unknown:
         print(f"skipped {assignment}: no such assignment in solutions/")
+    spent = sorted(f"{s}/{a}" for (s, a), r in results.items() if r.get("budget_spent"))
+    if spent:
+        print(f"stopped at their time budget (the cells after it scored 0, saying so): {', '.join(spent)}")
     for (student, assignment), why in sorted(run.rejudged.items()):
         print(f"\njudged again: {student}/{assignment}: its first judging failed for want of machine "
               f"resources ({'; '.join(why['first'])[:300]}), while "
