@@ -478,7 +478,7 @@ def test_hidden_full_copies_lose_the_memory_cells_of_notebook_10(tmp_path):
     cheat.parent.mkdir()
     nbformat.write(nb, cheat)
     only = ["test_sharded_optimizer_uneven", "test_mini_fsdp_memory_and_traffic"]
-    verdicts = judge("10_zero_and_fsdp", [solution, cheat], only)
+    verdicts = judge("10_zero_and_fsdp", [cheat, solution], only)  # the first one's folder holds the output
     for grade_id in only:
         assert verdicts[str(solution)][grade_id]["passed"], verdicts[str(solution)][grade_id]
         lost = verdicts[str(cheat)][grade_id]
