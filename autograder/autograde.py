@@ -16,8 +16,20 @@ Two phases, so that one bad submission never stops the others and the class grad
      runs again), feedback (hidden tests cleared); then grades.csv. Submissions that failed
      phase 1 are left out and listed.
 
+Time: each submission may take BUDGET_FACTOR (3) times the judge time of the instructor's own
+solution of its assignment, at least BUDGET_FLOOR (120 s) and at most PER_SUBMISSION_TIMEOUT (900 s):
+a notebook that is slow on purpose fails its remaining cells at that point, saying so, and costs the
+class no more. The solution's judge time is measured once per change of the course or the grader
+(cached under ~/.cache/dpcourse/judge-times/), before the class is judged.
+
+Neighbours: every submission is judged in a pid namespace, cgroup and user ids of its own, so one
+student's processes cannot reach another's. Should a submission still fail in a way that says the
+machine ran short ("can't start new thread", a judge killed from outside), it is judged again with
+a fresh judge, the submissions judged alongside it are named, and the run ends with exit status 1.
+
 The course root and gradebook come from nbgrader_config.py (DPCOURSE_COURSE_ROOT / DPCOURSE_DB_URL
-override them). Exit status: 0 when every submission was graded, 1 when some were not (listed).
+override them). Exit status: 0 when every submission was graded cleanly; 1 when some were not, or
+had to be judged again (all listed).
 """
 
 import argparse
@@ -35,7 +47,13 @@ sys.path.insert(0, str(HERE))  # dpgrader, and grade.py's notebook check
 
 from grade import GradingError, read_notebook  # noqa: E402
 
-PER_SUBMISSION_TIMEOUT = 900  # seconds the judge may spend on one submission
+PER_SUBMISSION_TIMEOUT = 900  # seconds the judge may spend on one submission, whatever its budget
+BUDGET_FACTOR, BUDGET_FLOOR = 3.0, 120.0  # a submission's budget: 3x the solution's judge time, >= 120 s
+# What a cell failing for want of machine resources says: a sign the submission may have been hurt by
+# something outside it (its own processes reaching its own cgroup's limits are told apart: the judge
+# reports those as _limits_reached).
+STARVED = ("can't start new thread", "Resource temporarily unavailable", "Cannot allocate memory",
+           "[Errno 11]", "[Errno 12]")
 
 
 def course_root():
@@ -57,21 +75,98 @@ def submissions(root):
     return found
 
 
-def judge_one(worker, student, assignment, notebook, root, verdicts_dir):
-    """Phase 1 for one submission, by a judge worker: {} or {"error": why}; the verdicts are left
-    in verdicts_dir for phase 2."""
+def judge_one(worker, student, assignment, notebook, root, verdicts_dir, budget=None):
+    """Phase 1 for one submission, by a judge worker: {} or {"error": why}, with "starved": the signs
+    that it lacked machine resources, if any; the verdicts are left in verdicts_dir for phase 2."""
     from dpgrader.judge.process import save_verdicts
 
     try:
         read_notebook(notebook)
     except GradingError as exc:
         return {"error": str(exc)}
-    verdicts = worker.judge(source_notebook(root, assignment), notebook, timeout=PER_SUBMISSION_TIMEOUT,
-                            owner=student)
+    seconds, why = budget or (None, "")
+    verdicts = worker.judge(source_notebook(root, assignment), notebook, owner=student, budget=seconds,
+                            budget_why=why, timeout=min(PER_SUBMISSION_TIMEOUT, (seconds or 1e9) + 120))
     if "error" in verdicts:
-        return {"error": verdicts["error"]}
+        killed = "exit status -9" in verdicts["error"] and "memory limit" not in verdicts["error"]
+        return {"error": verdicts["error"], "starved": ["its judge was killed from outside"] * killed}
     save_verdicts(verdicts_dir, student, assignment, notebook.stem, verdicts)
-    return {}
+    cells = [v for v in verdicts.values() if isinstance(v, dict)]
+    spent = any("used up its time budget" in str(v.get("evalue")) for v in cells)
+    return {"starved": starved(verdicts), "budget_spent": spent}
+
+
+def starved(verdicts):
+    """'grade_id: sign' for each cell that failed for want of machine resources, unless the
+    submission's own processes reached its own limits (then the failure is its own)."""
+    if verdicts.get("_limits_reached"):
+        return []
+    return [f"{grade_id}: {sign}" for grade_id, v in verdicts.items()
+            if isinstance(v, dict) and not v.get("passed", True)
+            for sign in STARVED if sign in f"{v.get('ename')}: {v.get('evalue')}"][:5]
+
+
+def budget_for(seconds):
+    """(budget in seconds, why) for a submission whose solution the judge judges in `seconds`."""
+    if seconds is None:
+        return None
+    budget = min(PER_SUBMISSION_TIMEOUT, max(BUDGET_FLOOR, BUDGET_FACTOR * seconds))
+    return budget, (f": {BUDGET_FACTOR:g}x the {seconds:.0f} s the instructor's solution takes, at least "
+                    f"{BUDGET_FLOOR:g} s")
+
+
+def solution_times(root, assignments, jobs, sandboxed):
+    """{assignment: seconds the judge takes on the instructor's solution}, from the cache or measured
+    now (`jobs` at a time); an assignment whose solution cannot be judged is left out (no budget)."""
+    import concurrent.futures
+
+    from dpgrader.judge.process import JudgeWorker
+
+    times, missing = {}, []
+    for assignment in assignments:
+        cached = _times_cache(root, assignment)
+        try:
+            times[assignment] = float(cached.read_text())
+        except (OSError, ValueError):
+            missing.append(assignment)
+
+    def measure(assignment):
+        source = source_notebook(root, assignment)
+        with JudgeWorker(sandboxed) as worker:
+            worker.judge(source, source, timeout=PER_SUBMISSION_TIMEOUT)  # sandboxes warm, as in the class
+            start = time.monotonic()
+            verdicts = worker.judge(source, source, timeout=PER_SUBMISSION_TIMEOUT)
+            return time.monotonic() - start, verdicts
+
+    if missing:
+        print(f"timing the instructor's solution of {len(missing)} assignment(s) (once per change of the "
+              f"course or the grader), for the submissions' time budgets")
+    with concurrent.futures.ThreadPoolExecutor(max(1, jobs)) as pool:
+        for assignment, (seconds, verdicts) in zip(missing, pool.map(measure, missing), strict=True):
+            cells = [v for k, v in verdicts.items() if not k.startswith("_")]
+            if "error" in verdicts or not all(v.get("passed") for v in cells):
+                print(f"  {assignment}: the solution does not pass its own tests: no time budget")
+                continue
+            times[assignment] = seconds
+            cached = _times_cache(root, assignment)
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            cached.write_text(f"{seconds:.3f}")
+    return times
+
+
+def _times_cache(root, assignment):
+    """Where the solution's judge time is kept: keyed by the assignment's sources, the grader's code and
+    the course library (any change measures again)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    files = sorted((root / "solutions" / assignment).rglob("*")) + sorted((HERE / "dpgrader").rglob("*.py"))
+    files += sorted((HERE.parent / "course" / "dpcourse").rglob("*.py"))
+    for path in files:
+        if path.is_file():
+            digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "dpcourse" / "judge-times" / f"{assignment}-{digest.hexdigest()[:16]}"
 
 
 def source_notebook(root, assignment):
@@ -94,8 +189,12 @@ class ClassRun:
     order, each starting the next as it finishes one (its sandboxes start once); the calling thread
     records each assignment in the gradebook as soon as its last submission is judged."""
 
-    def __init__(self, subs, root, verdicts_dir, jobs, sandboxed):
+    def __init__(self, subs, root, verdicts_dir, jobs, sandboxed, budgets=None):
         self.subs, self.root, self.verdicts_dir, self.sandboxed = subs, root, verdicts_dir, sandboxed
+        self.budgets = budgets or {}  # assignment -> (seconds, why)
+        self.rejudged = {}  # (student, assignment) -> what went wrong first, who was judged alongside
+        self.judging = {}  # thread name -> (student, assignment) being judged now
+        self.alongside = collections.defaultdict(set)  # (student, assignment) -> submissions judged meanwhile
         self.waiting = sorted(subs, key=lambda s: (s[1], s[0]), reverse=True)  # pop() takes the first
         self.left = collections.Counter(assignment for _, assignment, _ in subs)
         self.results, self.problems, self.recorded = {}, [], 0
@@ -146,16 +245,41 @@ class ClassRun:
                     if not self.waiting:
                         return
                     student, assignment, notebook = self.waiting.pop()
-                try:
-                    result = judge_one(worker, student, assignment, notebook, self.root, self.verdicts_dir)
-                except Exception as exc:  # noqa: BLE001 - a grader bug on one submission: listed, not fatal
-                    result = {"error": f"{type(exc).__name__}: {exc}"}
+                result = self._judged(worker, student, assignment, notebook)
+                if result.get("starved"):  # hurt by something outside it? judged again, by a fresh judge
+                    first = result["starved"]
+                    worker.restart()
+                    result = self._judged(worker, student, assignment, notebook)
+                    with self.lock:
+                        self.rejudged[(student, assignment)] = {
+                            "first": first, "again": result.get("starved") or result.get("error", "")[:200],
+                            "alongside": sorted(self.alongside[(student, assignment)])}
+                    if result.get("starved"):
+                        result = {"error": "could not be judged without running short of machine resources: "
+                                           + "; ".join(result["starved"])}
                 with self.lock:
                     self.results[(student, assignment)] = result
                     self.left[assignment] -= 1
                     if not self.left[assignment]:
                         self.judged.put(assignment)
                     self._progress(f"{student}/{assignment}")
+
+    def _judged(self, worker, student, assignment, notebook):
+        """judge_one, noting which submissions were judged at the same time (for attribution)."""
+        me, key = threading.current_thread().name, (student, assignment)
+        with self.lock:
+            for other in self.judging.values():
+                self.alongside[key].add(other)
+                self.alongside[other].add(key)
+            self.judging[me] = key
+        try:
+            return judge_one(worker, student, assignment, notebook, self.root, self.verdicts_dir,
+                             self.budgets.get(assignment))
+        except Exception as exc:  # noqa: BLE001 - a grader bug on one submission: listed, not fatal
+            return {"error": f"{type(exc).__name__}: {exc}"}
+        finally:
+            with self.lock:
+                self.judging.pop(me, None)
 
     def _record(self, book, assignment):
         """Phase 2 for one assignment: into the gradebook, then feedback (failed submissions left out)."""
@@ -215,14 +339,29 @@ def main(argv=None):
             return 2
     verdicts_dir = root / "autograder" / ".judged"
     shutil.rmtree(verdicts_dir, ignore_errors=True)
-    print(f"grading {len(subs)} submission(s), {args.jobs} at a time")
-    results, problems = ClassRun(subs, root, verdicts_dir, args.jobs, not args.no_sandbox).run()
+    assignments = sorted({a for _, a, _ in subs})
+    times = solution_times(root, assignments, args.jobs, not args.no_sandbox)
+    budgets = {a: budget_for(times.get(a)) for a in assignments if a in times}
+    print(f"grading {len(subs)} submission(s), {args.jobs} at a time; time budget per submission: "
+          + ", ".join(f"{a} {b[0]:.0f} s" for a, b in sorted(budgets.items())))
+    run = ClassRun(subs, root, verdicts_dir, args.jobs, not args.no_sandbox, budgets)
+    results, problems = run.run()
     failed = {key: r["error"] for key, r in results.items() if r.get("error")}
     print(f"grades: {root / 'autograder' / 'grades.csv'}; feedback: {root / 'autograder' / 'feedback'}")
     for assignment in unknown:
         print(f"skipped {assignment}: no such assignment in solutions/")
-    if failed or problems:
-        print(f"\nnot graded ({len(failed)} of {len(subs)}):")
+    spent = sorted(f"{s}/{a}" for (s, a), r in results.items() if r.get("budget_spent"))
+    if spent:
+        print(f"stopped at their time budget (the cells after it scored 0, saying so): {', '.join(spent)}")
+    for (student, assignment), why in sorted(run.rejudged.items()):
+        print(f"\njudged again: {student}/{assignment}: its first judging failed for want of machine "
+              f"resources ({'; '.join(why['first'])[:300]}), while "
+              + (", ".join(f"{s}/{a}" for s, a in why["alongside"]) or "nothing else")
+              + " was judged alongside; "
+              + (f"judged again: {why['again']}" if why["again"] else "judged again cleanly (that grade is "
+                 "recorded)"))
+    if failed or problems or run.rejudged:
+        print(f"\nnot graded ({len(failed)} of {len(subs)}):" if failed or problems else "")
         for (student, assignment), reason in sorted(failed.items()):
             first, *detail = reason.strip().splitlines() or ["(no reason given)"]
             print(f"  {student}/{assignment}: {first[:300]}")

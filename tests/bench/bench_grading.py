@@ -100,6 +100,12 @@ def main(argv=None):
     print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     print("per notebook (solutions):")
     per_notebook()
+    # autograde.py times each solution once per change of the course or grader (the submissions' time
+    # budgets); done here, untimed, so that the figures below are those of a class run with a warm cache
+    warm = (f"import sys; sys.path.insert(0, {str(AUTOGRADER)!r}); from pathlib import Path; "
+            f"import autograde; autograde.solution_times(Path({str(REPO)!r}), {assignments()!r}, "
+            f"{args.jobs}, True)")
+    timed([sys.executable, "-c", warm])
     one = autograde_class(1, args.jobs)
     print(
         f"per learner (every notebook, JOBS={args.jobs}): {one:.0f} s = {one / PER_LEARNER_TARGET:.2f}x "

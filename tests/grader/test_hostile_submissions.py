@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -255,3 +256,230 @@ def test_a_class_with_hostile_submissions_is_graded_honestly_and_completely(tmp_
     assert not descendants_of(os.getpid()), "processes left behind"
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))  # the daemon's port is free: it died with its kernel
+
+
+# ---------------------------------------------------------------------------------------------------
+# Round two (the grader-trust issue, second review): what a rank writes is text, never a path to open;
+# nothing of the grader's environment reaches a rank; each rank is sent its own inputs only, and every
+# message and result must be made of data the rank had; memory is measured from outside the rank.
+
+SECRET = "planted-secret-7f3a9c"
+
+FORGED_DUMP = '''
+import os, signal, time
+def my_slice(data):
+    """Writes a faulthandler-style dump naming files it wants the grader to quote, then spins."""
+    pipes = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if int(fd) > 2 and os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:"):
+                pipes.append(int(fd))
+        except OSError:
+            pass
+    names = SECRET_FILES
+    dump = "Current thread 0x00007f0000000000 (most recent call first):\\n"
+    dump += "".join(f'  File "{name}", line {n} in stolen\\n' for name in names for n in (1, 2, 3))
+    dump += '  File "/x/dpcourse/grading/zygote.py", line 1 in _rank_main\\n'
+    def forge(*_):
+        os.write(max(pipes), dump.encode())
+    signal.signal(signal.SIGUSR1, forge)
+    while True:
+        time.sleep(0.01)
+'''
+
+SHOW_ENVIRONMENT = '''
+import os
+def my_slice(data):
+    raise ValueError("my environment: " + repr(dict(os.environ)))
+def global_mean(x):
+    import subprocess
+    return float(len(subprocess.run(["env"], capture_output=True, text=True).stdout))
+'''
+
+
+def test_a_forged_stack_dump_and_the_environment_leak_nothing(tmp_path, monkeypatch):
+    """A rank's dump names /etc/shadow, a root-only file and the solutions: the grader quotes none of
+    them (it opens no path a rank names); a secret in the grader's environment never reaches a rank."""
+    secret_file = REPO.parent / f".dpcourse-test-secret-{os.getpid()}"  # outside every sandbox
+    secret_file.write_text(SECRET + "\n" + SECRET + "\n" + SECRET + "\n")
+    secret_file.chmod(0o600)
+    hidden = REPO / "autograder" / "dpgrader" / "orientation.py"
+    solution = next((REPO / "solutions" / "00_orientation").glob("*.ipynb"))
+    names = [str(secret_file), "/etc/shadow", str(hidden), str(solution)]
+    monkeypatch.setenv("DPCOURSE_PLANTED_SECRET", SECRET)
+    monkeypatch.setenv("DPCOURSE_DEADLINE", "6")
+    try:
+        paths = {"forged_dump": notebook("00_orientation", "course", {
+                     "my_slice": FORGED_DUMP.replace("SECRET_FILES", repr(names))}, tmp_path, "forged"),
+                 "environment": notebook("00_orientation", "course", {"my_slice": SHOW_ENVIRONMENT,
+                                                                     "global_mean": SHOW_ENVIRONMENT},
+                                         tmp_path, "environment")}
+        source = next((REPO / "solutions" / "00_orientation").glob("*.ipynb"))
+        out = tmp_path / "verdicts.json"
+        env = dict(os.environ, PYTHONPATH=str(REPO / "autograder"))  # the judge has the secret, ranks not
+        proc = subprocess.run([*JUDGE, str(source), *map(str, paths.values()), "--only",
+                               "test_my_slice_basic,test_global_mean_basic", "--out", str(out)],
+                              capture_output=True, text=True, timeout=600, env=env, cwd=REPO / "autograder")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        text = out.read_text()
+    finally:
+        secret_file.unlink()
+    verdicts = json.loads(text)
+    forged = verdicts[str(paths["forged_dump"])]["test_my_slice_basic"]
+    assert not forged["passed"] and "did not finish" in forged["evalue"], forged
+    shadow_line = Path("/etc/shadow").read_text().splitlines()[0]
+    leaks = {"the planted secret": SECRET, "/etc/shadow": shadow_line,
+             "the hidden checks": "Hidden checks of 00_orientation", "the solution": "BEGIN SOLUTION"}
+    for what, needle in leaks.items():
+        assert needle not in text, f"{what} leaked into a verdict"
+    told = verdicts[str(paths["environment"])]["test_my_slice_basic"]["evalue"]
+    assert "my environment" in told and "PYTHONPATH" in told, told  # the rank did print its environment
+
+
+def test_the_graders_source_lines_come_from_the_notebook_and_never_from_a_file(tmp_path):
+    """Unit: the failure report of a stuck rank, with the grader's source (RankPool.source_line) and with
+    linecache (a notebook's, where the ranks are the learner's own): only the latter opens files."""
+    from dpcourse.runtime import failures, launcher
+    from dpgrader.judge.ranks import RankPool
+
+    planted = tmp_path / "planted.py"
+    planted.write_text(f"{SECRET}\n")
+    pool = RankPool.__new__(RankPool)  # no sandboxes needed: only its program
+    pool.program = ["import time", "def spin():\n    while True:\n        time.sleep(1)  # the learner's"]
+    diag = (f'Current thread 0x1 (most recent call first):\n  File "{planted}", line 1 in stolen\n'
+            f'  File "<cell 1>", line 3 in spin\n'
+            f'  File "/x/dpcourse/grading/zygote.py", line 9 in _rank_main\n')
+    rank = launcher.Rank(0, 1, -1, -1, -1, control=object())
+    rank.diag, rank.exit_status = diag.encode(), 9
+    graded = str(failures.describe_failure([rank], [rank], 5, 3, source=pool.source_line))
+    assert SECRET not in graded and "time.sleep(1)  # the learner's" in graded, graded
+    in_a_notebook = str(failures.describe_failure([rank], [rank], 5, 3))
+    assert SECRET in in_a_notebook  # linecache would have quoted it: what the grader must never do
+
+
+FRAME_READER = '''
+import sys, torch, torch.distributed as dist
+def global_mean(x):
+    """Looks for every rank's shard in its callers' frames, computes the mean alone, all-reduces zeros."""
+    frame, world = sys._getframe(1), dist.get_world_size()
+    while frame is not None:
+        for value in list(frame.f_locals.values()):
+            for candidate in (value, getattr(value, "values", None)):
+                if isinstance(candidate, (list, tuple)) and len(candidate) == world and world > 1 and all(
+                        isinstance(t, torch.Tensor) for t in candidate):
+                    dist.all_reduce(torch.zeros(2, dtype=torch.float64))
+                    return torch.cat(list(candidate)).double().mean().item()
+        frame = frame.f_back
+    dist.all_reduce(torch.zeros(2, dtype=torch.float64))
+    return float("nan")
+'''
+RING_FROM_THE_FRAME = '''
+import sys, torch, torch.distributed as dist
+def ring_all_reduce(tensor, group=None):
+    """Reads every rank's input from the grader's case in its callers' frames and adds them up alone."""
+    frame, inputs = sys._getframe(1), None
+    while frame is not None and inputs is None:
+        case = frame.f_locals.get("case")
+        inputs = case["inputs"] if isinstance(case, dict) and "inputs" in case else None
+        frame = frame.f_back
+    tensor.copy_(sum(x.to(tensor.dtype) for x in inputs))
+'''
+RING_SHIFT_MADE_UP = '''
+import torch, torch.distributed as dist
+def ring_shift(x):
+    """Knows the visible test's inputs ([10r, 10r + 1]): returns its left neighbour's without receiving
+    it, and sends zeros of the right size to the right."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    buffer = torch.empty_like(x)
+    if rank % 2 == 0:
+        dist.send(torch.zeros_like(x), (rank + 1) % world)
+        dist.recv(buffer, (rank - 1) % world)
+    else:
+        dist.recv(buffer, (rank - 1) % world)
+        dist.send(torch.zeros_like(x), (rank + 1) % world)
+    return x - 10 * (rank - (rank - 1) % world)
+'''
+RING_ALL_REDUCE_MADE_UP = '''
+import torch, torch.distributed as dist
+from dpcourse.reference.splits import chunk_bounds
+def ring_all_reduce(tensor, group=None):
+    """Knows the visible test's inputs (a base tensor times rank + 1): the sum is the base times
+    N(N+1)/2; passes zeros around the ring in the right pattern."""
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    bounds = chunk_bounds(tensor.numel(), world)
+    for step in range(2 * (world - 1)):
+        out, into = (rank - step) % world, (rank - step - 1) % world
+        send = torch.zeros(bounds[out][1] - bounds[out][0], dtype=tensor.dtype)
+        recv = torch.empty(bounds[into][1] - bounds[into][0], dtype=tensor.dtype)
+        works = dist.batch_isend_irecv([dist.P2POp(dist.isend, send, (rank + 1) % world, group),
+                                        dist.P2POp(dist.irecv, recv, (rank - 1) % world, group)])
+        for work in works:
+            work.wait()
+    tensor.copy_(tensor / (rank + 1) * world * (world + 1) / 2)
+'''
+
+
+def test_ranks_get_only_their_own_inputs_and_made_up_messages_fail(tmp_path):
+    """A rank that reads its peers' inputs from the caller's frame finds only its own; one that knows a
+    visible test's inputs, computes its answer alone and sends zeros in the right pattern has the right
+    values and message counts, and loses the cell on what its messages carried."""
+    naive = RING_FROM_THE_FRAME.replace("ring_all_reduce(tensor, group=None)", "naive_all_reduce(tensor)")
+    cases = {
+        "00_orientation": ({"global_mean": FRAME_READER},
+                           ["test_global_mean_basic", "test_global_mean_unequal_shards"]),
+        "04_ring_allreduce": ({"ring_all_reduce": RING_FROM_THE_FRAME}, ["test_ring_all_reduce_edge_cases"]),
+        "03_collectives": ({"ring_shift": RING_SHIFT_MADE_UP, "naive_all_reduce": naive},
+                           ["test_ring_shift_basic", "test_naive_all_reduce_basic"]),
+    }
+    made_up = notebook("04_ring_allreduce", "solutions", {"ring_all_reduce": RING_ALL_REDUCE_MADE_UP},
+                       tmp_path / "made_up", "ring")
+    for assignment, (cells, only) in cases.items():
+        path = notebook(assignment, "solutions", cells, tmp_path / assignment, "cheat")
+        verdicts = judge(assignment, [path], only)[str(path)]
+        for grade_id in only:
+            assert not verdicts[grade_id]["passed"], (assignment, grade_id, verdicts[grade_id])
+        if assignment == "03_collectives":
+            assert "not made of data" in verdicts["test_ring_shift_basic"]["evalue"], verdicts
+    ring = judge("04_ring_allreduce", [made_up],
+                 ["test_ring_all_reduce_basic", "test_ring_all_reduce_bandwidth"])
+    for grade_id, verdict in ring[str(made_up)].items():
+        assert not verdict["passed"], (grade_id, verdict)
+    message = ring[str(made_up)]["test_ring_all_reduce_basic"]["evalue"]
+    assert "not made of data" in message and "rank" in message, message
+
+
+HIDDEN_COPIES = '''
+_ShardedBase = ShardedOptimizer
+class ShardedOptimizer(_ShardedBase):
+    def __init__(self, params, optimizer_cls, **kwargs):
+        params = list(params)
+        super().__init__(params, optimizer_cls, **kwargs)
+        self._kept = [p.detach().clone() for p in params]   # a hidden full copy of the parameters
+
+_FSDPBase = MiniFSDP
+class MiniFSDP(_FSDPBase):
+    def __init__(self, module, group=None):
+        replica = [p.detach().clone() for p in module.parameters()]
+        super().__init__(module, group)
+        self.replica = replica                                # a full replica in a list attribute
+'''
+
+
+def test_hidden_full_copies_lose_the_memory_cells_of_notebook_10(tmp_path):
+    """ZeRO's 1/N is measured from outside the learner's objects: a ShardedOptimizer keeping a full copy
+    of the parameters and a MiniFSDP keeping a replica in a list lose their cells, saying how much more
+    the rank held; the solution keeps them."""
+    solution = next((REPO / "solutions" / "10_zero_and_fsdp").glob("*.ipynb"))
+    nb = nbformat.read(solution, as_version=4)
+    ids = [c.metadata.get("nbgrader", {}).get("grade_id") for c in nb.cells]
+    index = ids.index("mini_fsdp")
+    nb.cells.insert(index + 1, nbformat.v4.new_code_cell(HIDDEN_COPIES))
+    cheat = tmp_path / "copies" / solution.name
+    cheat.parent.mkdir()
+    nbformat.write(nb, cheat)
+    only = ["test_sharded_optimizer_uneven", "test_mini_fsdp_memory_and_traffic"]
+    verdicts = judge("10_zero_and_fsdp", [cheat, solution], only)  # the first one's folder holds the output
+    for grade_id in only:
+        assert verdicts[str(solution)][grade_id]["passed"], verdicts[str(solution)][grade_id]
+        lost = verdicts[str(cheat)][grade_id]
+        assert not lost["passed"] and "MiB more than" in lost["evalue"], lost

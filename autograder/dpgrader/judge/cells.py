@@ -42,7 +42,7 @@ from dpgrader.judge.learner import (
     restore_locked,
     solution_names,
 )
-from dpgrader.judge.ranks import GraderFailure, RankPool
+from dpgrader.judge.ranks import BudgetSpent, GraderFailure, RankPool
 from dpgrader.judge.zygotes import PRESTART, shared_scratch
 
 OUTPUT_CHARS = 20_000  # of one test cell's output kept for feedback
@@ -58,17 +58,21 @@ def _pickle_hidden_checks_by_value():
     cloudpickle.register_pickle_by_value(dpgrader)
 
 
-def judge(source, submission, sandboxed=True, only=None, pool=None):
+def judge(source, submission, sandboxed=True, only=None, pool=None, budget=None, budget_why=""):
     """{grade_id: verdict} for the graded test cells of `source`, judged against `submission`.
 
     `pool`: sandboxes to reuse (several submissions judged in one process); the learner's
-    program travels with each launch, and every rank is forked fresh, so nothing carries over.
+    program travels with each launch, and every rank is forked fresh, so nothing carries over
+    (as root each submission has a pid namespace, cgroup and user ids of its own, ended here).
+    `budget`: seconds all the submission's launches and calls may take together; the cells that
+    come after it is spent fail, saying so (`budget_why`: how the budget was set).
     """
     own_pool = pool is None
     submission = restore_locked(submission, source)
     if own_pool:
         pool = RankPool(sandboxed=sandboxed, prestart=PRESTART, scratch=shared_scratch())
     pool.set_program(program_cells(submission))
+    pool.set_budget(budget, budget_why)
     _pickle_hidden_checks_by_value()
     namespace = {"__name__": "__main__"}
     for name in defined_names(submission, source) | solution_names(source):
@@ -82,17 +86,20 @@ def judge(source, submission, sandboxed=True, only=None, pool=None):
                 if is_graded_test(cell):
                     grade_id = nbgrader_meta(cell)["grade_id"]
                     if only is None or grade_id in only:
-                        verdicts[grade_id] = _run_test_cell(cell.source, namespace)
+                        verdicts[grade_id] = _run_test_cell(cell.source, namespace, pool)
                 else:
                     problem = _run_setup_cell(cell.source, namespace, pool)
                     if problem:
                         skipped.append({"cell": cell.source[:80], "why": problem})
+        reached = pool.end_submission()
     finally:
         if own_pool:
             pool.close()
             shutil.rmtree(pool.scratch, ignore_errors=True)
     if skipped:
         verdicts["_setup_cells_cut_short"] = skipped
+    if any(reached.values()):
+        verdicts["_limits_reached"] = reached  # its own processes hit its own limits (autograde.py reads it)
     return verdicts
 
 
@@ -111,20 +118,26 @@ def _run_setup_cell(source, namespace, pool):
     return None
 
 
-def _run_test_cell(source, namespace):
+def _run_test_cell(source, namespace, pool):
+    """One test cell's verdict. Checks deferred by the cell (launcher.check_after_cell: how results
+    were reached) run after its own code passed, so a wrong result keeps its own message."""
     out, err = io.StringIO(), io.StringIO()
     start = time.monotonic()
     verdict = {"passed": True, "ename": None, "evalue": None}
+    pool.deferred = []
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
             exec(compile(source, "<test cell>", "exec"), namespace)  # noqa: S102 - instructor code
+            while pool.deferred:
+                pool.deferred.pop(0)()
         except GraderFailure:
             raise
         except Exception as exc:  # noqa: BLE001 - the verdict
             if isinstance(exc.__context__, GraderFailure) or isinstance(exc.__cause__, GraderFailure):
                 raise exc.__cause__ or exc.__context__ from None
             verdict.update(passed=False, ename=type(exc).__name__, evalue=str(exc))
-            if not isinstance(exc, (AssertionError,)) and type(exc).__module__.startswith("dpgrader"):
+            own = type(exc).__module__.startswith("dpgrader")
+            if own and not isinstance(exc, (AssertionError, BudgetSpent)):
                 verdict["evalue"] += "\n" + traceback.format_exc(limit=3)
     if verdict["passed"] and err.getvalue().strip():
         verdict.update(
@@ -137,10 +150,11 @@ def _run_test_cell(source, namespace):
     return verdict
 
 
-def judge_next(pool, source, submission, only=None):
+def judge_next(pool, source, submission, only=None, budget=None, budget_why=""):
     """Judge one more submission with a pool that judged others before: its verdicts, and the
     shared scratch folder emptied after it (nothing its ranks left there reaches the next)."""
-    verdicts = judge(source, read_notebook(submission), pool=pool, only=None if only is None else set(only))
+    verdicts = judge(source, read_notebook(submission), pool=pool, only=None if only is None else set(only),
+                     budget=budget, budget_why=budget_why)
     _empty(pool.scratch)
     return verdicts
 
@@ -155,7 +169,8 @@ def serve(sandboxed):
     try:
         for line in sys.stdin:
             job = json.loads(line)
-            verdicts = judge_next(pool, read_notebook(job["source"]), job["submission"])
+            verdicts = judge_next(pool, read_notebook(job["source"]), job["submission"],
+                                  budget=job.get("budget"), budget_why=job.get("budget_why", ""))
             replies.write(json.dumps({"submission": job["submission"], "verdicts": verdicts}) + "\n")
             replies.flush()
     finally:

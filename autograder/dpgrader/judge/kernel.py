@@ -4,8 +4,9 @@
 
 The submission's own cells (not its test cells: the judge runs those) execute here, for the
 learner's feedback. The kernel sees what every grading sandbox sees (dpgrader.judge.sandbox:
-the OS, the Python environment, the released course; a private /tmp; no capabilities) plus
-its connection file, read-only. It keeps the host's loopback network, which is how nbgrader's
+the OS, the Python environment, the released course; a private /tmp) plus a copy of its
+connection file, read-only; it runs as a fresh unprivileged user, with no capabilities and an
+environment that holds nothing of the grader's. It keeps the host's loopback network, which is how nbgrader's
 client reaches it; every process it starts lives in its pid namespace and dies with it, so a
 daemon cannot outlive the notebook or keep its ports.
 """
@@ -13,13 +14,12 @@ daemon cannot outlive the notebook or keep its ports.
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 from dpgrader.judge import sandbox
 
 KERNEL_NAME = "dpcourse-sandbox"
-HIDDEN_ENVIRONMENT = ("DPCOURSE_COURSE_ROOT", "DPCOURSE_DB_URL", "NBGRADER_EXECUTION", "JUPYTER_PATH",
-                      "JPY_SESSION_NAME", "PYTHONPATH")
 
 
 def kernelspec(folder):
@@ -33,15 +33,47 @@ def kernelspec(folder):
 
 
 def main():
+    """Exec bwrap: the kernel runs inside as a fresh unprivileged user (root without capabilities
+    could still read root's own files), with an allow-listed environment, reading a copy of its
+    connection file that this user owns."""
     connection = Path(sys.argv[1]).resolve()
-    command = [os.path.abspath(sys.executable), "-m", "ipykernel_launcher", "-f", str(connection),
+    uid = sandbox.new_uid_block()
+    folder = Path(tempfile.mkdtemp(prefix="dpcourse-kernel-"))
+    copy = folder / "connection.json"
+    copy.write_bytes(connection.read_bytes())
+    for path in (folder, copy):
+        os.chown(path, uid, uid)
+    os.chmod(copy, 0o400)
+    command = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all",
+               "--bounding-set=-all", "--no-new-privs", "--",
+               os.path.abspath(sys.executable), "-m", "ipykernel_launcher", "-f", str(copy),
                "--HistoryManager.hist_file=:memory:"]
-    env = {k: v for k, v in os.environ.items() if k not in HIDDEN_ENVIRONMENT}
-    env["DPCOURSE_SANDBOXED"] = "1"
     cgroup = sandbox.Cgroup()
     cgroup.add(os.getpid())
     sandbox.set_rlimits()
-    os.execvpe("bwrap", sandbox.argv(command, binds=[(connection, False)], network=True), env)
+    # the copy's folder goes with the kernel: removed by the next kernel's start (see remove_stale)
+    _remove_stale_copies(folder)
+    os.execvpe("bwrap", sandbox.argv(command, binds=[(folder, False)], network=True, keep_capabilities=True),
+               sandbox.environment(DPCOURSE_SANDBOXED="1"))
+
+
+def _remove_stale_copies(keep):
+    """Connection-file copies of kernels that ended (their folder's owner has no process left)."""
+    import shutil
+
+    running = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                running.add(os.stat(f"/proc/{entry}").st_uid)
+            except OSError:
+                continue
+    for old in Path(tempfile.gettempdir()).glob("dpcourse-kernel-*"):
+        try:
+            if old != keep and old.stat().st_uid not in running:
+                shutil.rmtree(old, ignore_errors=True)
+        except OSError:
+            continue
 
 
 if __name__ == "__main__":

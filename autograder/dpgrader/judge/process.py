@@ -21,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from dpgrader.judge import sandbox
 from dpgrader.judge.sandbox import can_isolate_ranks
 from dpgrader.judge.zygotes import new_scratch_folder
 
@@ -96,24 +97,38 @@ class JudgeWorker:
         self.scratch = new_scratch_folder()
         self.log = open(Path(self.folder.name) / "judge.log", "w+")  # noqa: SIM115 - closed in close()
 
-    def judge(self, source, submission, timeout=900, owner=None):
+    def judge(self, source, submission, timeout=900, owner=None, budget=None, budget_why=""):
         """`owner`: whose submission this is. Where each rank cannot be isolated from its sandbox's
         warm interpreter (grading without root: ranks run as the same user), a judge serves one
-        owner only, so that nothing one learner's ranks did to it can reach another learner."""
+        owner only, so that nothing one learner's ranks did to it can reach another learner.
+        `budget`: seconds the submission's launches and calls may take in all (the judge fails the
+        cells after it, saying `budget_why`); the judge itself is stopped `timeout` seconds in."""
         if owner != self.owner and self.sandboxed and not can_isolate_ranks():
             self._stop(grace=10.0)
         self.owner = owner
-        return self.answer(*self.ask(source, submission, timeout))
+        return self.answer(*self.ask(source, submission, timeout, budget, budget_why))
 
-    def ask(self, source, submission, timeout=900):
-        """Hand the judge a submission; `answer` waits for its verdicts."""
+    def ask(self, source, submission, timeout=900, budget=None, budget_why=""):
+        """Hand the judge a submission; `answer` waits for its verdicts. The judge is given copies of
+        the two notebooks in its own folder (it sees no other submission, and no solution but this one)."""
         if self.proc is None:
             self._start()
+        job_folder = Path(self.folder.name) / "job"
+        shutil.rmtree(job_folder, ignore_errors=True)
+        job_folder.mkdir()
+        source = shutil.copy(source, job_folder / "source.ipynb")
+        submission = shutil.copy(submission, job_folder / "submission.ipynb")
         asked = (str(submission), self.log.tell(), time.monotonic() + timeout, timeout)
+        job = {"source": str(source), "submission": str(submission), "budget": budget,
+               "budget_why": budget_why}
         with contextlib.suppress(OSError):
-            self.proc.stdin.write(json.dumps({"source": str(source), "submission": str(submission)}) + "\n")
+            self.proc.stdin.write(json.dumps(job) + "\n")
             self.proc.stdin.flush()
         return asked
+
+    def restart(self):
+        """A fresh judge process for the next submission (its sandboxes started again)."""
+        self._stop()
 
     def answer(self, submission, log_start, deadline, timeout):
         """The verdicts on what `ask` handed over, or {"error": why} (the judge is then stopped)."""
@@ -126,6 +141,9 @@ class JudgeWorker:
         try:
             code = self.proc.wait(max(0.0, deadline - time.monotonic()) if ended else 0.0)
             why = f"exit status {code}"
+            if code == -signal.SIGKILL and self.cgroup.memory_failures():
+                limit = sandbox.LIMITS["judge_memory_bytes"] >> 20
+                why += f": the judge reached its memory limit ({limit} MiB) while judging this notebook"
         except subprocess.TimeoutExpired:
             why = (f"it closed its output but had not exited after {timeout:g} s" if ended
                    else f"stopped after {timeout:g} s")
@@ -136,12 +154,22 @@ class JudgeWorker:
         return {"error": f"the grader could not judge this notebook ({why}):\n{tail}"}
 
     def _start(self):
+        """Start a judge process: in a memory cgroup of its own (what ranks send it cannot grow it
+        past LIMITS["judge_memory_bytes"]), with its scratch folder a tmpfs of a bounded size."""
         command = [sys.executable, "-m", "dpgrader.judge", "--serve"]
         if not self.sandboxed:
             command.append("--no-sandbox")
+        os.makedirs(self.scratch, exist_ok=True)
+        limit = sandbox.LIMITS["scratch_bytes"]
+        self.scratch_mounted = self.sandboxed and sandbox.mount_tmpfs(self.scratch, limit)
+        if self.sandboxed and can_isolate_ranks():  # as root: the judge itself sees only what it needs
+            command = sandbox.judge_argv(command, self.folder.name, self.scratch)
+        self.cgroup = sandbox.Cgroup(memory=sandbox.LIMITS["judge_memory_bytes"],
+                                     pids=sandbox.LIMITS["judge_pids"], name="dpcourse-judge")
         self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self.log, env=_judge_env(self.scratch), cwd=self.folder.name,
-                                     text=True, start_new_session=True)
+                                     stderr=self.log, env=_judge_env(self.scratch, self.folder.name),
+                                     cwd=self.folder.name, text=True, start_new_session=True)
+        self.cgroup.add(self.proc.pid)
 
     def _reply(self, timeout):
         """(the judge's next line as JSON or None, whether its output ended): None, False when
@@ -174,6 +202,11 @@ class JudgeWorker:
             with contextlib.suppress(OSError):
                 self.proc.stdout.close()
             self.proc = None
+            self.cgroup.kill_all()
+            self.cgroup.remove()
+        if getattr(self, "scratch_mounted", False):
+            sandbox.unmount(self.scratch)
+            self.scratch_mounted = False
         shutil.rmtree(self.scratch, ignore_errors=True)  # what a killed judge left; made again if needed
 
     def close(self):
@@ -188,6 +221,16 @@ class JudgeWorker:
         self.close()
 
 
-def _judge_env(scratch):
-    return dict(os.environ, DPCOURSE_JUDGE_SCRATCH=scratch,
-                PYTHONPATH=os.pathsep.join(filter(None, [str(AUTOGRADER), os.environ.get("PYTHONPATH")])))
+# What the judge takes from its caller's environment: the grading knobs, nothing else (no gradebook
+# URL, no course root, no secret the instructor's shell holds).
+JUDGE_SETTINGS = ("DPCOURSE_DEADLINE", "DPCOURSE_GROUP_TIMEOUT", "DPCOURSE_SANDBOX_MEMORY",
+                  "DPCOURSE_SANDBOX_PIDS", "DPCOURSE_SANDBOX_SHARED", "DPCOURSE_JUDGE_MEMORY",
+                  "DPCOURSE_SANDBOX_SCRATCH", "LANG", "LC_ALL", "TZ")
+
+
+def _judge_env(scratch, home):
+    """The judge's whole environment (an allow-list); `home`: its private working folder."""
+    env = {key: os.environ[key] for key in JUDGE_SETTINGS if key in os.environ}
+    python_path = [str(AUTOGRADER), str(AUTOGRADER.parent / "course")]
+    return dict(env, DPCOURSE_JUDGE_SCRATCH=scratch, PATH=os.defpath, HOME=home,
+                PYTHONPATH=os.pathsep.join(python_path), PYTHONDONTWRITEBYTECODE="1")

@@ -18,6 +18,7 @@ import contextlib
 import io
 import os
 import pickle
+import re
 import signal
 import socket
 import threading
@@ -29,13 +30,16 @@ import torch
 from dpcourse.grading import wire
 from dpcourse.grading.zygote import rebuild_parameter
 from dpcourse.runtime import launcher
-from dpcourse.runtime.inside_rank import LENGTH_PREFIX
+from dpcourse.runtime.inside_rank import LENGTH_PREFIX, for_rank
 from dpgrader.judge import sandbox, zygotes
 from dpgrader.judge.router import Router
 from dpgrader.judge.zygotes import GraderFailure, Zygote  # noqa: F401 - GraderFailure: cells.py's
 
 PRELOAD_HINTS = {"matplotlib.pyplot": "matplotlib"}  # module -> text of a program that imports it
 OUTPUT_LIMIT = 64 * 1024  # bytes of output relayed per rank and launch; the rest is dropped
+REPORT_LIMIT = 256 << 20  # bytes of one rank's result (a state_dict, tensors)
+TEXT_LIMIT = 20_000  # characters of a rank's error message or traceback kept (its own text)
+SESSION_UID = 64  # the learner process of direct calls runs as uid_base + 64
 
 
 def _reduce_parameter(parameter):
@@ -62,6 +66,10 @@ def dumps(obj):
     return buffer.getvalue()
 
 
+class BudgetSpent(RuntimeError):
+    """The submission's time budget for grading is used up: its remaining launches and calls fail."""
+
+
 class RemoteRank:
     """The launcher's handle on a rank that a zygote forked: poll, signal, decode its report."""
 
@@ -74,7 +82,7 @@ class RemoteRank:
             self.zygote.pump()
             if self.pid in self.zygote.exits:
                 return self.zygote.exits.pop(self.pid)
-            if getattr(self.zygote, "dead", False) or self.zygote.proc.poll() is not None:
+            if not self.zygote.alive:
                 return signal.SIGKILL  # the sandbox is gone, and its ranks with it
             if time.monotonic() >= end:
                 return None
@@ -90,8 +98,14 @@ class RemoteRank:
             return ("error", time.monotonic(), "ProtocolError", "the rank's report was malformed", "")
         if value["status"] == "ok":
             return ("ok", value.get("t", 0.0), value.get("value"))
-        return ("error", value.get("t", 0.0), str(value.get("type")), str(value.get("message")),
-                str(value.get("traceback")))
+        return ("error", value.get("t", 0.0), str(value.get("type"))[:200], _capped(value.get("message")),
+                _capped(value.get("traceback")))
+
+
+def _capped(text):
+    """A rank's own text (an error message, a traceback), shown as it is up to TEXT_LIMIT characters."""
+    text = str(text)
+    return text if len(text) <= TEXT_LIMIT else text[:TEXT_LIMIT] + "\n... (cut)"
 
 
 class CallSession:
@@ -102,7 +116,7 @@ class CallSession:
         self.sock, theirs = socket.socketpair()
         pipes = [os.pipe() for _ in range(3)]
         spec = {"rank": 0, "world_size": 1, "group_timeout": 10.0, "isolate": pool.shared, "serve": True,
-                "scratch": str(pool.scratch) if pool.scratch else None, "share_scratch": True}
+                "scratch": str(pool.scratch) if pool.scratch else None, "uid": pool.uid(SESSION_UID)}
         payload = cloudpickle.dumps((pool.program, None))
         try:
             zygote = pool.zygote_of(0)
@@ -134,7 +148,7 @@ class CallSession:
         self.sock.settimeout(timeout)
         try:
             self.sock.sendall(LENGTH_PREFIX.pack(len(blob)) + blob)
-            report = wire.read_value(self.sock)
+            report = wire.read_value(self.sock, REPORT_LIMIT)
         except TimeoutError:
             self.close()
             raise TimeoutError(f"{name} did not return within {timeout:g} s (an endless loop, or a wait "
@@ -151,8 +165,10 @@ class CallSession:
         return report, printed
 
     def close(self):
+        """Kill the learner process, and every process it started (daemons of a direct call)."""
         self.control.signal(signal.SIGKILL)
         self.control.poll(block=True)
+        self.control.zygote.send(cmd="clean")
         for fd in (self.out, *self.reads):
             try:
                 os.close(fd)
@@ -170,17 +186,65 @@ class RankPool:
         # As root, every rank shares one sandbox and the zygote isolates each rank it forks;
         # otherwise (bwrap through user namespaces) each rank index gets a sandbox of its own.
         self.shared = sandboxed and sandbox.can_isolate_ranks()
-        self.last_traffic, self.launches, self.session = None, 0, None
+        self.last_traffic, self.last_flow, self.launches, self.session = None, None, 0, None
+        self.last_memory = None  # per rank, what its zygote measured (launches with measure_memory)
+        self.deferred = []  # checks to run once the test cell's own checks passed (launcher.check_after_cell)
+        self.submission, self.uid_base = None, None  # as root: this submission's zygote and user ids
         count = 1 if self.shared else prestart
         self.zygotes = zygotes.take_early(sandboxed, scratch) or [
             Zygote(sandboxed, self.shared, scratch) for _ in range(count)]  # warming up
 
     def set_program(self, program):
-        """Judge another submission with the same sandboxes (the learner process of calls restarts)."""
-        if self.session is not None:
-            self.session.close()
+        """Judge another submission with the same sandboxes: as root, in a submission's zygote of its
+        own (a fresh pid namespace, cgroup and user ids), opened at its first launch or call."""
+        self._close_submission()
         self.program = list(program)
         self._preload()
+
+    def _close_submission(self):
+        if self.session is not None:
+            self.session.close()
+        if self.submission is not None:
+            self.submission.close()
+        self.submission, self.uid_base = None, None
+
+    def end_submission(self):
+        """The submission is judged: kill its whole pid namespace now (not at the next one), and say
+        how often its processes reached their cgroup's limits."""
+        reached = self.submission.cgroup.limits_reached() if self.submission is not None else {}
+        self._close_submission()
+        self.budget_end = None
+        return reached
+
+    def set_budget(self, seconds, why=""):
+        """Launches and calls from now on end within `seconds` in all (None: no budget); past it they
+        raise BudgetSpent saying `why` the budget is what it is."""
+        self.budget_end = None if seconds is None else time.monotonic() + float(seconds)
+        self.budget, self.budget_why = seconds, why
+
+    def _within_budget(self, seconds):
+        """`seconds`, shortened to what is left of the budget; BudgetSpent once it is gone."""
+        if getattr(self, "budget_end", None) is None:
+            return seconds
+        left = self.budget_end - time.monotonic()
+        if left <= 0.5:
+            raise BudgetSpent(f"not run: this notebook used up its time budget for grading ({self.budget:g} s"
+                              f"{self.budget_why}) before this point")
+        return min(seconds, left)
+
+    def uid(self, offset):
+        """The user id of this submission's rank `offset` (None: the zygote's default)."""
+        return None if self.uid_base is None else self.uid_base + offset
+
+    def source_line(self, path, line):
+        """The text of line `line` of the learner's cell `path` ("<cell N>") for a failure report;
+        None for any other path. No file is ever opened: paths come from the ranks' own dumps."""
+        match = re.fullmatch(r"<cell (\d+)>", path)
+        if not match or int(match[1]) >= len(self.program):
+            return None
+        lines = self.program[int(match[1])].splitlines()
+        index = int(line) - 1
+        return lines[index] if 0 <= index < len(lines) else None
 
     def _preload(self):
         """Ask the zygotes to import, once, what this program imports in every rank of every launch
@@ -193,6 +257,7 @@ class RankPool:
         """A direct call of the learner's `name`: ("ok", value) or ("error", type, message)."""
         if getattr(self, "refusal", None):
             raise RuntimeError(f"{self.refusal} may not run the learner's code while grading")
+        timeout = self._within_budget(timeout)
         self.ensure(1)
         if self.session is None:
             self.session = CallSession(self)
@@ -202,7 +267,15 @@ class RankPool:
         return report
 
     def zygote_of(self, rank):
-        return self.zygotes[0 if self.shared else rank]
+        """Who forks rank `rank`: this submission's zygote (as root), else that rank's sandbox."""
+        if not self.shared:
+            return self.zygotes[rank]
+        if self.submission is None or not self.submission.alive:
+            if self.submission is not None:
+                self._close_submission()
+            self.submission = self.zygotes[0].open_submission()
+            self.uid_base = sandbox.new_uid_block()
+        return self.submission
 
     def ensure(self, world_size):
         wanted = 1 if self.shared else world_size
@@ -232,8 +305,7 @@ class RankPool:
             launcher.use_runner(None)
 
     def close(self):
-        if self.session is not None:
-            self.session.close()
+        self._close_submission()
         for zygote in self.zygotes:
             zygote.close()
         self.zygotes = []
@@ -243,33 +315,41 @@ class RankPool:
         if getattr(self, "refusal", None):
             raise RuntimeError(f"{self.refusal} may not launch ranks while grading")
         options = launcher.current_options()
+        deadline = self._within_budget(deadline)
         self.ensure(world_size)
-        payload = cloudpickle.dumps((self.program, dumps((fn, args, kwargs))))
+        shared = self._shared_folders(args, kwargs, options)
+        forkers = [self.zygote_of(rank) for rank in range(world_size)]
         router_ends, ranks, router = [], [], None
         try:
             for rank in range(world_size):
-                ranks.append(self._start(rank, world_size, group_timeout, payload, router_ends, options))
+                # each rank is sent its own inputs only (per_rank), never its peers'
+                mine = for_rank((fn, args, kwargs), rank, world_size)
+                payload = cloudpickle.dumps((self.program, dumps(mine)))
+                ranks.append(self._start(rank, world_size, group_timeout, payload, router_ends, shared,
+                                         bool(options.get("measure_memory"))))
             router = Router(router_ends, **options)
-            return launcher.supervise(ranks, deadline, group_timeout)
+            return launcher.supervise(ranks, deadline, group_timeout, source=self.source_line)
         finally:
             launcher.kill_and_reap(ranks)
-            for zygote in self.zygotes[:1 if self.shared else world_size]:
-                zygote.send(cmd="clean")
+            for forker in {id(f): f for f in forkers}.values():
+                forker.send(cmd="clean")
             for sock in router_ends:
                 sock.close()
             if router is not None:
                 router.join(2.0)
                 self.last_traffic = [router.ops_of(r) for r in range(world_size)]
+                self.last_flow = router.flow
+            self.last_memory = [f.memory.pop(r.pid, None) for f, r in zip(forkers, ranks, strict=False)]
             self.launches += 1
 
-    def _start(self, rank, world_size, group_timeout, payload, router_ends, options):
+    def _start(self, rank, world_size, group_timeout, payload, router_ends, shared, probe=False):
         ours, theirs = socket.socketpair()
         router_ends.append(ours)
         pipes = [os.pipe() for _ in range(3)]
         try:
             spec = {"rank": rank, "world_size": world_size, "group_timeout": group_timeout,
                     "isolate": self.shared, "scratch": str(self.scratch) if self.scratch else None,
-                    "share_scratch": not options["p2p_only"]}
+                    "shared": shared, "uid": self.uid(rank), "probe": probe}
             pid = self.zygote_of(rank).run(spec, [theirs.fileno(), *(w for _, w in pipes)], payload)
         except BaseException:
             for read_end, _ in pipes:
@@ -280,4 +360,28 @@ class RankPool:
             for _, w in pipes:
                 os.close(w)
         return launcher.Rank(rank, pid, pipes[0][0], pipes[1][0], pipes[2][0],
-                             control=RemoteRank(self.zygote_of(rank), pid), output_limit=OUTPUT_LIMIT)
+                             control=RemoteRank(self.zygote_of(rank), pid), output_limit=OUTPUT_LIMIT,
+                             report_limit=REPORT_LIMIT)
+
+    def _shared_folders(self, args, kwargs, options):
+        """The folders of the scratch folder this launch hands its ranks (a test's checkpoint folder):
+        the only writable place its ranks share, and none in a point-to-point exercise."""
+        if not self.scratch or options["p2p_only"]:
+            return []
+        root = os.path.realpath(self.scratch)
+        found = set()
+
+        def walk(value, depth):
+            if isinstance(value, (str, os.PathLike)) and not isinstance(value, bytes):
+                path = os.path.realpath(os.fspath(value))
+                if path.startswith(root + os.sep) and os.path.isdir(path):
+                    found.add(path)
+            elif depth < 3 and isinstance(value, (list, tuple)):
+                for item in value:
+                    walk(item, depth + 1)
+            elif depth < 3 and isinstance(value, dict):
+                for item in value.values():
+                    walk(item, depth + 1)
+
+        walk([list(args), dict(kwargs)], 0)
+        return sorted(found)

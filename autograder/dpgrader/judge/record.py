@@ -31,9 +31,12 @@ class Recorder:
     """nbgrader's API on one course root and gradebook; each step returns its log (errors listed)."""
 
     def __init__(self, root, db_url, verdicts_dir, sandboxed=True):
-        # the configuration file reads these when it is loaded (as it does under `python -m nbgrader`)
-        os.environ.update(DPCOURSE_COURSE_ROOT=str(root), DPCOURSE_DB_URL=db_url,
-                          DPCOURSE_VERDICTS_DIR=str(verdicts_dir), DPCOURSE_SANDBOX=str(int(sandboxed)))
+        # the configuration file reads these when it is loaded (as it does under `python -m nbgrader`);
+        # without a db_url it uses its own default (autograder/gradebook.db of the course root)
+        os.environ.update(DPCOURSE_COURSE_ROOT=str(root), DPCOURSE_VERDICTS_DIR=str(verdicts_dir),
+                          DPCOURSE_SANDBOX=str(int(sandboxed)))
+        if db_url:
+            os.environ["DPCOURSE_DB_URL"] = db_url
         # nbgrader creates a gradebook with the `alembic` command, from the environment's bin folder
         os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
         from nbgrader.apps import NbGraderAPI

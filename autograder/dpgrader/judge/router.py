@@ -46,11 +46,29 @@ def _reducer(op, params):
     return REDUCE[name]
 
 
-class Router:
-    """Serve the sockets of one launch's ranks until they close; keep the log of every call."""
+MAX_MESSAGE = 64 << 20  # bytes of one message (a rank's frame) the router reads
+MAX_WAITING = 256 << 20  # bytes of messages and collective inputs the router holds for one launch
 
-    def __init__(self, sockets, p2p_only=False, exercise="this exercise"):
+
+class Router:
+    """Serve the sockets of one launch's ranks until they close; keep the log of every call.
+
+    What the router holds is bounded, so that learner code cannot grow the grader: a frame larger
+    than `max_message` is refused before its body is read (the rank's call fails, saying so), and
+    sends waiting for their receive plus collective inputs waiting for their group may hold at
+    most `max_waiting` bytes at once.
+    """
+
+    def __init__(self, sockets, p2p_only=False, exercise="this exercise", max_message=MAX_MESSAGE,
+                 max_waiting=MAX_WAITING, keep_messages=None, **_):
         self.sockets, self.p2p_only, self.exercise = sockets, p2p_only, exercise
+        # What each message carried, for checks of where a rank's data came from (dpcourse.comm.
+        # provenance): ("post", src, dst, id, tensor) when a send arrives, ("deliver", src, dst, id,
+        # tensor) when the router hands it to its receiver; kept in point-to-point exercises, and for
+        # collectives (CommOp.payload) when asked.
+        self.keep_messages = p2p_only if keep_messages is None else keep_messages
+        self.flow, self.sent = [], 0
+        self.max_message, self.max_waiting, self.waiting = max_message, max_waiting, 0
         self.world = len(sockets)
         self.locks = [threading.Lock() for _ in sockets]
         self.state = threading.Lock()
@@ -75,7 +93,15 @@ class Router:
         sock = self.sockets[rank]
         try:
             while True:
-                frame = wire.read_frame(sock)
+                try:
+                    frame = wire.read_frame(sock, self.max_message)
+                except wire.FrameTooLarge as exc:
+                    seq = (exc.header or {}).get("seq")
+                    self.protocol_errors.append((rank, str(exc)))
+                    self._reply(rank, {"k": "error", "seq": seq, "msg": (
+                        f"rank {rank} sent {exc}: no message of {self.exercise} needs that much (the "
+                        f"grader stopped reading this rank)")})
+                    return
                 if frame is None:
                     return
                 header, tensors = frame
@@ -110,10 +136,14 @@ class Router:
         op.tag = tag
         with self.state:
             self.log[rank].append(op)
+            if self.keep_messages:
+                op.message = self.sent
+                self.sent += 1
+                self.flow.append(("post", rank, dst, op.message, tensors[0]))
             key = (group, rank, dst, tag)
             if self.recvs[key]:
                 self._deliver(key, (rank, seq, tensors[0], op), self.recvs[key].popleft())
-            else:
+            elif self._hold(rank, seq, op.nbytes):
                 self.sends[key].append((rank, seq, tensors[0], op))
 
     def _recv(self, rank, seq, group, src, tag, numel):
@@ -126,9 +156,21 @@ class Router:
             self.log[rank].append(op)
             key = (group, src, rank, tag)
             if self.sends[key]:
-                self._deliver(key, self.sends[key].popleft(), (rank, seq, numel, op))
+                send = self.sends[key].popleft()
+                self.waiting -= send[3].nbytes
+                self._deliver(key, send, (rank, seq, numel, op))
             else:
                 self.recvs[key].append((rank, seq, numel, op))
+
+    def _hold(self, rank, seq, nbytes):
+        """Count `nbytes` more held here (under self.state); False, with the call refused, past the limit."""
+        if self.waiting + nbytes > self.max_waiting:
+            self._reply(rank, {"k": "error", "seq": seq, "msg": (
+                f"rank {rank}'s message of {nbytes} bytes would make more than {self.max_waiting >> 20} MiB "
+                f"of messages wait for their receives at once: no step of {self.exercise} needs that")})
+            return False
+        self.waiting += nbytes
+        return True
 
     def _deliver(self, key, send, recv):
         src, send_seq, tensor, send_op = send
@@ -141,12 +183,16 @@ class Router:
             self._reply(dst, {"k": "error", "seq": recv_seq, "msg": message})
             self._reply(src, {"k": "error", "seq": send_seq, "msg": message})
             return
+        if self.keep_messages:
+            self.flow.append(("deliver", src, dst, send_op.message, tensor))
         self._reply(dst, {"k": "done", "seq": recv_seq}, [tensor])
         self._reply(src, {"k": "done", "seq": send_seq})
 
     # -- collectives --------------------------------------------------------------------------
     def _collective(self, rank, seq, group, op, params, tensors):
         record = CommOp(op, None, sum(_nbytes(t) for t in tensors), time.perf_counter(), None, group)
+        if self.keep_messages:
+            record.payload = list(tensors)
         with self.state:
             self.log[rank].append(record)
         if self.p2p_only:
@@ -155,6 +201,10 @@ class Router:
                 f"{self.exercise} called the collective `{op}`: it must be built from point-to-point "
                 f"operations only (dist.send/recv/isend/irecv or batch_isend_irecv)")})
             return
+        with self.state:
+            held = self._hold(rank, seq, record.nbytes)
+        if not held:
+            return  # its error reply settles the call
         self._reply(rank, {"k": "ack", "seq": seq, "refused": None})
         with self.state:
             index = self.calls_on[(rank, group)]
@@ -164,6 +214,7 @@ class Router:
             if len(slot) < len(group):
                 return
             del self.slots[(group, index)]
+            self.waiting -= sum(slot[r][4].nbytes for r in group)
         self._complete(group, index, slot)
 
     def _complete(self, group, index, slot):

@@ -19,14 +19,19 @@ own copy may opt out explicitly: `grade.py --no-sandbox`).
 import os
 import resource
 import shutil
+import signal
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
 COURSE = REPO / "course"
 LIMITS = {
+    "scratch_bytes": 512 << 20,  # the judge's scratch folder (a tmpfs, as root), shared with its ranks
+    "judge_memory_bytes": 4 << 30,  # of a judge process (it holds what ranks send it)
+    "judge_pids": 256,
     "tmp_bytes": 512 << 20,  # the private /tmp
     "file_bytes": 256 << 20,  # largest file a process may write
     "open_files": 1024,
@@ -37,7 +42,20 @@ LIMITS = {
 # submissions use small ones, to reach them quickly).
 LIMITS["memory_bytes"] = int(os.environ.get("DPCOURSE_SANDBOX_MEMORY", LIMITS["memory_bytes"]))
 LIMITS["pids"] = int(os.environ.get("DPCOURSE_SANDBOX_PIDS", LIMITS["pids"]))
+LIMITS["judge_memory_bytes"] = int(os.environ.get("DPCOURSE_JUDGE_MEMORY", LIMITS["judge_memory_bytes"]))
+LIMITS["scratch_bytes"] = int(os.environ.get("DPCOURSE_SANDBOX_SCRATCH", LIMITS["scratch_bytes"]))
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+# The whole environment of a sandbox: nothing of the instructor's (a secret in the grader's
+# environment, DPCOURSE_DB_URL, the course root) reaches learner code. HOME, TMPDIR and MPLCONFIGDIR
+# are set by `argv` (the private /tmp).
+ENVIRONMENT = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
+               "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(COURSE),
+               "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
+
+
+def environment(**extra):
+    """A sandbox's environment: ENVIRONMENT and `extra`, nothing inherited."""
+    return dict(ENVIRONMENT, **extra)
 
 
 class SandboxUnavailable(RuntimeError):
@@ -95,8 +113,9 @@ def argv(command, *, binds=(), network=False, keep_capabilities=False):
                      key=lambda a: len(a.parts))
     # the private /tmp first, then what is shown: a course or an environment that lives under /tmp
     # (a clone in /tmp/...) stays visible on top of it
-    args += ["--proc", "/proc", "--dev", "/dev", "--size", str(LIMITS["tmp_bytes"]), "--tmpfs", "/tmp",
-             "--dir", "/tmp/home", "--setenv", "HOME", "/tmp/home", "--setenv", "MPLCONFIGDIR", "/tmp/home",
+    args += ["--proc", "/proc", "--dev", "/dev", "--size", str(LIMITS["tmp_bytes"]), "--perms", "1777",
+             "--tmpfs", "/tmp", "--perms", "1777", "--dir", "/tmp/home", "--setenv", "HOME", "/tmp/home",
+             "--setenv", "MPLCONFIGDIR", "/tmp/home",
              "--setenv", "TMPDIR", "/tmp", "--chdir", "/tmp"]
     for parent in parents:  # traversable by the unprivileged users that graded ranks run as
         args += ["--perms", "0755", "--dir", str(parent)]
@@ -105,6 +124,61 @@ def argv(command, *, binds=(), network=False, keep_capabilities=False):
     for path, writable in binds:
         args += ["--bind" if writable else "--ro-bind", str(path), str(path)]
     return args + ["--", *map(str, command)]
+
+
+AUTOGRADER = REPO / "autograder"
+HIDDEN_FROM_THE_JUDGE = ("/etc/shadow", "/etc/gshadow", "/etc/sudoers", "/etc/ssh")
+# What the judge keeps of root's capabilities, and why: the ranks' sandboxes (namespaces, mounts:
+# SYS_ADMIN, SYS_CHROOT; their loopback: NET_ADMIN; their capability sets: SETPCAP), each rank's own
+# user (SETUID, SETGID; its home's owner: CHOWN), signalling processes of other users (KILL), and
+# the cgroup tree, whose folders are read-only to everyone, root included (DAC_OVERRIDE: harmless
+# here, the judge's mount namespace shows only what it needs). Not kept: tracing processes
+# (SYS_PTRACE), raw I/O, modules, devices, the clock, the network's raw sockets, ...
+JUDGE_CAPABILITIES = ("CAP_SYS_ADMIN", "CAP_SYS_CHROOT", "CAP_NET_ADMIN", "CAP_SETPCAP", "CAP_SETUID",
+                      "CAP_SETGID", "CAP_CHOWN", "CAP_KILL", "CAP_DAC_OVERRIDE")
+
+
+def judge_argv(command, folder, scratch):
+    """The bwrap command line of a judge process: it sees the OS, the Python environment, the
+    released course and the grader's own package (autograder/dpgrader, with the hidden checks), all
+    read-only; its own folder (`folder`: the notebooks of the job it is given, its log) and the
+    scratch folder it shares with its ranks, writable; and the cgroup hierarchy, where it makes each
+    submission's cgroup. Not the gradebook, not other students' submissions, not the solutions
+    (the job's own notebook is copied into `folder`), not the instructor's home. It keeps the few
+    capabilities of root it needs (JUDGE_CAPABILITIES): it starts the ranks' sandboxes and gives
+    each rank a user of its own; no learner code ever runs in it (dpgrader.judge.cells)."""
+    base, prefix = Path(sys.base_prefix).resolve(), Path(sys.prefix)
+    args = ["bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc",
+            "--unshare-uts", "--unshare-net", "--cap-drop", "ALL"]
+    for capability in JUDGE_CAPABILITIES:
+        args += ["--cap-add", capability]
+    for path in ("/usr", "/lib", "/lib64", "/bin", "/sbin", "/etc"):
+        args += ["--ro-bind-try", path, path]
+    for path in HIDDEN_FROM_THE_JUDGE:  # root-only files of the OS: emptied
+        if os.path.isdir(path):
+            args += ["--tmpfs", path]
+        elif os.path.exists(path):
+            args += ["--ro-bind", "/dev/null", path]
+    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--setenv", "TMPDIR", "/tmp",
+             "--chdir", str(folder)]
+    for path in sorted({base, prefix, prefix.resolve(), COURSE, AUTOGRADER / "dpgrader"}):
+        args += ["--ro-bind", str(path), str(path)]
+    for path in (folder, scratch, CGROUP_ROOT):
+        args += ["--bind", str(path), str(path)]
+    return args + ["--", *map(str, command)]
+
+
+UID_BLOCK = 128  # user ids per submission: its ranks (up to 64) and its learner process of direct calls
+
+
+def new_uid_block():
+    """The first of UID_BLOCK user ids nobody else uses: fresh for each submission (and each sandboxed
+    kernel), so that nothing one learner's processes do (signals, per-user limits) can reach
+    another's. Drawn at random from 2^20 .. 2^31, far from the machine's own users; two submissions
+    meet with a chance of 1 in 2^24."""
+    import secrets
+
+    return secrets.randbelow((1 << 31) // UID_BLOCK - (1 << 20) // UID_BLOCK) * UID_BLOCK + (1 << 20)
 
 
 def can_isolate_ranks():
@@ -123,6 +197,23 @@ def remove_stale_cgroups():
                 pass
 
 
+def mount_tmpfs(path, size):
+    """Mount a tmpfs of `size` bytes at `path` (an empty folder), writable by everyone; False where
+    this process may not mount (not root): the folder then stays a plain one, bounded per file only."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    options = f"size={int(size)},mode=0777".encode()
+    return libc.mount(b"tmpfs", os.fsencode(path), b"tmpfs", 2 | 4, options) == 0  # nosuid, nodev
+
+
+def unmount(path):
+    """Detach whatever is mounted at `path` (lazily: it goes once nothing uses it)."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).umount2(os.fsencode(path), 2)  # MNT_DETACH
+
+
 def set_rlimits():
     """preexec_fn of a sandbox: limits that no process inside can raise (it has no capabilities)."""
     for limit, value in ((resource.RLIMIT_NOFILE, LIMITS["open_files"]),
@@ -131,13 +222,17 @@ def set_rlimits():
 
 
 class Cgroup:
-    """A pids + memory cgroup (v1 or v2) for one sandbox, removed when the sandbox ends."""
+    """A pids + memory cgroup (v1) for one sandbox, one submission or one judge, removed when it ends.
 
-    def __init__(self):
+    Limits are per cgroup, not per machine user: what one learner's processes use counts against
+    that learner's submission only. `memory` and `pids` default to LIMITS (a sandbox's).
+    """
+
+    def __init__(self, memory=None, pids=None, name="dpcourse"):
         self.paths = []
-        name = f"dpcourse-{uuid.uuid4().hex[:12]}"
-        v1 = [(CGROUP_ROOT / "pids", {"pids.max": LIMITS["pids"]}),
-              (CGROUP_ROOT / "memory", {"memory.limit_in_bytes": LIMITS["memory_bytes"],
+        name = f"{name}-{uuid.uuid4().hex[:12]}"
+        v1 = [(CGROUP_ROOT / "pids", {"pids.max": pids or LIMITS["pids"]}),
+              (CGROUP_ROOT / "memory", {"memory.limit_in_bytes": memory or LIMITS["memory_bytes"],
                                         "memory.memsw.limit_in_bytes": None})]
         for controller, settings in v1:
             if not os.access(controller, os.W_OK):
@@ -163,12 +258,66 @@ class Cgroup:
             except OSError:
                 pass
 
-    def remove(self):
+    def pids(self):
+        """The processes in it (pids as this process sees them)."""
         for path in self.paths:
             try:
-                path.rmdir()
+                return [int(line) for line in (path / "cgroup.procs").read_text().split()]
             except OSError:
-                pass
+                continue
+        return []
+
+    def kill_all(self, timeout=5.0):
+        """SIGKILL every process in it, until none is left (a fork racing the kill is caught next round)."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            pids = self.pids()
+            if not pids:
+                return True
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.005)
+        return False
+
+    def limits_reached(self):
+        """{"processes": times a fork or thread hit pids.max, "memory": times an allocation hit the
+        memory limit}: how a submission that failed on "can't start new thread" or a kill is told
+        apart from one hurt by something else."""
+        found = {}
+        for path in self.paths:
+            try:
+                if path.parent.name == "pids":
+                    events = (path / "pids.events").read_text().split()
+                    found["processes"] = int(events[events.index("max") + 1]) if "max" in events else 0
+                else:
+                    found["memory"] = int((path / "memory.failcnt").read_text())
+            except (OSError, ValueError, IndexError):
+                continue
+        return found
+
+    def memory_failures(self):
+        """How many times an allocation hit its memory limit (memory.failcnt), or None."""
+        for path in self.paths:
+            if path.parent.name == "memory":
+                try:
+                    return int((path / "memory.failcnt").read_text())
+                except (OSError, ValueError):
+                    return None
+        return None
+
+    def remove(self):
+        for path in self.paths:
+            for _ in range(100):  # a killed process leaves its cgroup a moment after it dies
+                try:
+                    path.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.01)
 
 
 def start(command, *, binds=(), network=False, keep_capabilities=False, pass_fds=(), **popen):

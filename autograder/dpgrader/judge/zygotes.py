@@ -18,6 +18,7 @@ import time
 
 from dpgrader.judge import sandbox
 
+PACKET = 1 << 16  # largest control message a zygote sends (an exit with memory marks: ~20 KB)
 PRESTART = 4  # sandboxes started at once when ranks do not share one (most tests use <= 4 ranks)
 _early = None  # {"sandboxed", "scratch", "zygotes"} from start_early, until a RankPool takes them
 
@@ -86,41 +87,13 @@ class GraderFailure(Exception):
     Not an Exception a test cell catches as a learner's failure: the judge re-raises it."""
 
 
-class Zygote:
-    """One sandbox with a warm interpreter that forks the rank of each launch."""
+class Forker:
+    """The grader's end of a zygote's control socket (dpcourse.grading.zygote's protocol): fork a
+    rank, signal it, learn of its exit, clean up the processes ranks left."""
 
-    def __init__(self, sandboxed, shared=False, scratch=None):
-        self.control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        command = [os.path.abspath(sys.executable), "-m", "dpcourse.grading.zygote", str(theirs.fileno())]
-        if sandboxed:
-            command.append("--sandboxed")
-        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-        for key in ("DPCOURSE_COURSE_ROOT", "DPCOURSE_DB_URL", "NBGRADER_EXECUTION", "JPY_SESSION_NAME"):
-            env.pop(key, None)
-        if sandboxed:
-            binds = [(scratch, True)] if scratch else []
-            self.proc, self.cgroup = sandbox.start(command, pass_fds=[theirs.fileno()], env=env, binds=binds,
-                                                   keep_capabilities=shared, stdin=subprocess_devnull())
-        else:
-            import subprocess
-
-            self.proc = subprocess.Popen(command, pass_fds=[theirs.fileno()], env=env,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
-            self.cgroup = None
-        theirs.close()
-        self.exits, self.ready = {}, False
-
-    def wait_ready(self, timeout=120.0):
-        self.control.settimeout(timeout)
-        try:
-            packet = self.control.recv(4096)
-        except TimeoutError:
-            packet = b""
-        finally:
-            self.control.settimeout(None)
-        if not packet:
-            raise GraderFailure(f"the grading sandbox did not start (exit status {self.proc.poll()})")
-        self.ready = True
+    def __init__(self, control):
+        self.control, self.exits, self.dead = control, {}, False
+        self.memory = {}  # pid -> what the zygote measured of a rank launched with a memory probe
 
     def run(self, spec, fds, payload):
         message = json.dumps(dict(spec, cmd="run", size=len(payload))).encode()
@@ -134,42 +107,117 @@ class Zygote:
         while time.monotonic() < end:
             self.control.settimeout(max(0.01, end - time.monotonic()))
             try:
-                packet = self.control.recv(4096)
+                packet = self.control.recv(PACKET)
             except TimeoutError:
                 break
+            except OSError:
+                packet = b""
             finally:
-                self.control.settimeout(None)
+                with contextlib.suppress(OSError):
+                    self.control.settimeout(None)
             if not packet:
+                self.dead = True
                 break
             message = json.loads(packet)
-            if "exited" in message:
-                self.exits[message["exited"]] = message["status"]
+            self._note(message)
             if wanted(message):
                 return message
         raise GraderFailure("the grading sandbox stopped answering")
 
+    def _note(self, message):
+        if "exited" in message:
+            self.exits[message["exited"]] = message["status"]
+            if "memory" in message:
+                self.memory[message["exited"]] = message["memory"]
+
     def pump(self):
         """Read the zygote's pending messages (exits) without blocking."""
-        self.control.setblocking(False)
         try:
+            self.control.setblocking(False)
             while True:
-                packet = self.control.recv(4096)
+                packet = self.control.recv(PACKET)
                 if not packet:
                     self.dead = True
                     return
-                message = json.loads(packet)
-                if "exited" in message:
-                    self.exits[message["exited"]] = message["status"]
+                self._note(json.loads(packet))
         except BlockingIOError:
             pass
+        except OSError:
+            self.dead = True
         finally:
-            self.control.setblocking(True)
+            with contextlib.suppress(OSError):
+                self.control.setblocking(True)
 
     def send(self, **message):
         try:
             self.control.send(json.dumps(message).encode())
         except OSError:
             pass
+
+    @property
+    def alive(self):
+        return not self.dead
+
+
+class Zygote(Forker):
+    """One sandbox with a warm interpreter that forks the rank of each launch, or (as root) the
+    zygote of each submission (`open_submission`)."""
+
+    def __init__(self, sandboxed, shared=False, scratch=None):
+        control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        super().__init__(control)
+        command = [os.path.abspath(sys.executable), "-m", "dpcourse.grading.zygote", str(theirs.fileno())]
+        if sandboxed:
+            command.append("--sandboxed")
+        if sandboxed:
+            binds = [(scratch, True)] if scratch else []
+            self.proc, self.cgroup = sandbox.start(command, pass_fds=[theirs.fileno()],
+                                                   env=sandbox.environment(), binds=binds,
+                                                   keep_capabilities=shared,
+                                                   stdin=subprocess_devnull())
+        else:
+            import subprocess
+
+            env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+            for key in ("DPCOURSE_COURSE_ROOT", "DPCOURSE_DB_URL", "NBGRADER_EXECUTION", "JPY_SESSION_NAME"):
+                env.pop(key, None)
+            self.proc = subprocess.Popen(command, pass_fds=[theirs.fileno()], env=env,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+            self.cgroup = None
+        theirs.close()
+        self.ready = False
+
+    def wait_ready(self, timeout=120.0):
+        self.control.settimeout(timeout)
+        try:
+            packet = self.control.recv(PACKET)
+        except TimeoutError:
+            packet = b""
+        finally:
+            self.control.settimeout(None)
+        if not packet:
+            raise GraderFailure(f"the grading sandbox did not start (exit status {self.proc.poll()})")
+        self.ready = True
+
+    @property
+    def alive(self):
+        return not self.dead and self.proc.poll() is None
+
+    def open_submission(self):
+        """A fresh submission's zygote (see dpcourse.grading.zygote): its own pid namespace, in its
+        own cgroup (processes and memory limited per submission, not per machine user)."""
+        if not self.ready:
+            self.wait_ready()
+        control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            socket.send_fds(self.control, [json.dumps({"cmd": "open"}).encode()], [theirs.fileno()])
+        finally:
+            theirs.close()
+        pid = self._read_until(lambda m: "opened" in m)["opened"]
+        if not pid:
+            control.close()
+            raise GraderFailure("the grading sandbox could not open a submission's namespace")
+        return Submission(control, self, pid)
 
     def close(self):
         self.control.close()
@@ -180,6 +228,50 @@ class Zygote:
         self.proc.wait()
         if self.cgroup is not None:
             self.cgroup.remove()
+
+
+class Submission(Forker):
+    """One submission's zygote inside a Zygote's sandbox: ranks and direct calls of that submission
+    only. Closing it ends its pid namespace: every process any of its ranks started dies."""
+
+    def __init__(self, control, zygote, pid):
+        super().__init__(control)
+        self.zygote, self.pid = zygote, pid
+        self.host_pid = _host_pid(zygote.cgroup, pid)
+        self.cgroup = sandbox.Cgroup()
+        if self.host_pid is None:
+            self.close()
+            raise GraderFailure("the grader could not find a submission's sandbox among its processes")
+        self.cgroup.add(self.host_pid)
+
+    @property
+    def alive(self):
+        return not self.dead and self.zygote.alive
+
+    def close(self):
+        """End the submission: its zygote, and with it its whole pid namespace; then its cgroup."""
+        with contextlib.suppress(OSError):
+            self.control.close()  # its zygote's loop ends, and the zygote with it
+        self.dead = True
+        self.cgroup.kill_all()  # whatever is still there (by the cgroup's list: never a stale pid)
+        self.cgroup.remove()
+
+
+def _host_pid(cgroup, pid):
+    """The pid, in this process's namespace, of the process a sandbox knows as `pid`: found among
+    the processes of the sandbox's cgroup by the pids /proc/<pid>/status lists (NSpid)."""
+    for _ in range(200):
+        for host in cgroup.pids() if cgroup is not None else ():
+            try:
+                with open(f"/proc/{host}/status") as f:
+                    line = next(li for li in f if li.startswith("NSpid:"))
+            except (OSError, StopIteration):
+                continue
+            levels = line.split()[1:]  # here, in the sandbox's namespace, in the submission's (1)
+            if len(levels) == 3 and int(levels[1]) == pid and levels[2] == "1":
+                return host
+        time.sleep(0.005)
+    return None
 
 
 def subprocess_devnull():

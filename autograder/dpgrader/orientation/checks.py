@@ -1,13 +1,12 @@
 """Hidden checks of 00_orientation. Each raises a short AssertionError saying what is wrong."""
 
 import torch
-import torch.distributed as dist
 
 from dpcourse import launch
 from dpcourse.checks.core import expect_equal
 from dpcourse.checks.ranks import expect_calls, expect_per_rank
 from dpcourse.comm.recorder import CommOp, recorded
-from dpcourse.runtime.launcher import observed_traffic
+from dpcourse.runtime.launcher import launch_options, observed_traffic, per_rank
 
 # What each exercise's expected values come from (autograder/exercises.json lists them).
 REFERENCES = {
@@ -35,7 +34,8 @@ def check_global_mean(global_mean):
     }
     for name, shards in cases.items():
         expected = torch.cat(shards).double().mean().item()
-        results = launch(_mean_and_input_after, len(shards), global_mean, shards)
+        with launch_options(exercise="global_mean", keep_messages=True):  # graded: what all_reduce carried
+            results = launch(_mean_and_input_after, len(shards), global_mean, per_rank(shards))
         for rank, (got, x_after, _) in enumerate(results):
             if not isinstance(got, float):
                 raise AssertionError(f"global_mean should return a Python float, rank {rank} "
@@ -49,6 +49,25 @@ def check_global_mean(global_mean):
         ops = [list(traffic[r]) if traffic is not None else [CommOp(*f) for f in fields]
                for r, (_, _, fields) in enumerate(results)]
         expect_calls(ops, "all_reduce", 1, f"global_mean with {name}", advice=ONE_ALL_REDUCE)
+        if traffic is not None:
+            expect_own_sum_and_count(traffic, shards, f"global_mean with {name}")
+
+
+def expect_own_sum_and_count(traffic, shards, what):
+    """Each rank's all_reduce carried its own shard's sum and count (as the router received it): a
+    rank that sends anything else (zeros) cannot have taken its mean from the all-reduce."""
+    for rank, (ops, shard) in enumerate(zip(traffic, shards, strict=True)):
+        carried = [t.double().reshape(-1) for o in ops if o.op == "all_reduce"
+                   for t in getattr(o, "payload", [])]
+        values = torch.cat(carried) if carried else torch.zeros(0, dtype=torch.float64)
+        total, count = shard.double().sum().item(), float(shard.numel())
+        has = [any(abs(v - want) <= 1e-9 * max(1.0, abs(want)) for v in values.tolist())
+               for want in (total, count)]
+        if not all(has):
+            raise AssertionError(
+                f"rank {rank}: {what}: its all_reduce carried {values.tolist()[:6]}, which does not hold "
+                f"this rank's own sum ({total:g}) and count ({count:g}): every rank must all-reduce its "
+                f"shard's sum and count, and take the mean from what comes back")
 
 
 ONE_ALL_REDUCE = (": put the sum and the count in one float64 tensor and all-reduce it once (every "
@@ -63,8 +82,9 @@ def mean_hint(got, expected):
     return ""
 
 
-def _mean_and_input_after(global_mean, shards):
-    """Runs on each rank: the learner's result, the rank's input as the call left it, its calls."""
-    x = shards[dist.get_rank()].clone()
+def _mean_and_input_after(global_mean, shard):
+    """Runs on each rank, sent its own shard only: the learner's result, the rank's input as the call
+    left it, its calls."""
+    x = shard.clone()
     result, ops = recorded(global_mean, x)
     return result, x, [[o.op, o.peer, o.nbytes, o.start, o.end, o.group] for o in ops]

@@ -13,6 +13,7 @@ judged whole.
 """
 
 from dpcourse.topics.zero.checks import expect_fsdp, expect_zero1, expect_zero2
+from dpcourse.topics.zero.measured import expect_zero1_memory, expect_zero2_memory, expect_zero3_memory
 from dpcourse.topics.zero.runs import fsdp_run, launch_run, model_label, zero1_run, zero2_run
 
 # What each exercise's expected values come from (autograder/exercises.json lists them).
@@ -36,6 +37,7 @@ def check_sharded_optimizer(ShardedOptimizer):
         how = ", step(gradient_shard)" if explicit else ""
         expect_zero1(results, model, seed, steps, per_rank,
                      what=f"ShardedOptimizer ({model_label(model)}, {world_size} ranks{how})")
+    expect_zero1_memory(ShardedOptimizer)  # graded: 1/N measured from outside the learner's objects
 
 
 def check_reduce_scatter_gradients(reduce_scatter_gradients):
@@ -44,6 +46,7 @@ def check_reduce_scatter_gradients(reduce_scatter_gradients):
         results = launch_run(zero2_run, world_size, reduce_scatter_gradients, model, seed, steps, per_rank)
         expect_zero2(results, model, seed, steps, per_rank,
                      what=f"reduce_scatter_gradients ({model_label(model)}, {world_size} ranks)")
+    expect_zero2_memory(reduce_scatter_gradients)
 
 
 def check_mini_fsdp(MiniFSDP):
@@ -56,3 +59,4 @@ def check_mini_fsdp(MiniFSDP):
                                                          if accumulate > 1 else "")
         expect_fsdp(results, model, seed, steps, per_rank,
                     what=f"MiniFSDP ({model_label(model)}, {world_size} ranks{how})")
+    expect_zero3_memory(MiniFSDP)

@@ -7,27 +7,26 @@ Every failure says which rank, what it returned and what was expected, so a
 learner reads the fix off the message instead of a bare `assert`.
 """
 
-import torch.distributed as dist
-
 from dpcourse.checks.core import expect_equal
 from dpcourse.comm.recorder import CommOp, recorded
-from dpcourse.runtime.launcher import launch, observed_traffic
+from dpcourse.runtime.launcher import launch, observed_traffic, per_rank
 
 
-def call_with_rank_input(fn, inputs):
-    """Rank r calls fn(*inputs[r]): how a test hands each rank its own data."""
-    return fn(*inputs[dist.get_rank()])
+def call_with_rank_input(fn, mine):
+    """Rank r calls fn(*inputs[r]): how a test hands each rank its own data (launched with
+    per_rank(inputs), so rank r receives inputs[r] only, never its peers')."""
+    return fn(*mine)
 
 
 def run_per_rank(fn, inputs, **launch_options):
     """Launch len(inputs) ranks; rank r runs fn(*inputs[r]). Returns the per-rank results."""
     inputs = [tuple(i) if isinstance(i, (tuple, list)) else (i,) for i in inputs]
-    return launch(call_with_rank_input, len(inputs), fn, inputs, **launch_options)
+    return launch(call_with_rank_input, len(inputs), fn, per_rank(inputs), **launch_options)
 
 
-def call_recorded_with_rank_input(fn, inputs):
+def call_recorded_with_rank_input(fn, mine):
     """Rank r calls fn(*inputs[r]) under a CommRecorder: (its result, its calls as plain lists)."""
-    result, ops = recorded(fn, *inputs[dist.get_rank()])
+    result, ops = recorded(fn, *mine)
     return result, [[o.op, o.peer, o.nbytes, o.start, o.end, o.group] for o in ops]
 
 
@@ -39,10 +38,10 @@ def run_per_rank_recorded(fn, inputs, **launch_options):
     touch; in a notebook, each rank's recorder reports them.
     """
     inputs = [tuple(i) if isinstance(i, (tuple, list)) else (i,) for i in inputs]
-    per_rank = launch(call_recorded_with_rank_input, len(inputs), fn, inputs, **launch_options)
+    results = launch(call_recorded_with_rank_input, len(inputs), fn, per_rank(inputs), **launch_options)
     traffic = observed_traffic()
     return [(result, list(traffic[rank]) if traffic is not None else [CommOp(*fields) for fields in ops])
-            for rank, (result, ops) in enumerate(per_rank)]
+            for rank, (result, ops) in enumerate(results)]
 
 
 def expect_calls(ops_per_rank, op, count, what, advice=""):

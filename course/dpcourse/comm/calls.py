@@ -24,6 +24,7 @@ lands in `Call.observed`, and it says where in its work a rank was when it raise
 ("stage 1 ... the activation of micro-batch 2"). Notebook 07 runs its pipelines this way.
 """
 
+import functools
 import re
 import traceback
 from contextlib import nullcontext
@@ -33,10 +34,19 @@ import torch
 import torch.distributed as dist
 
 from dpcourse.backend import rank_device
+from dpcourse.comm.provenance import expect_derived
 from dpcourse.comm.recorder import CommOp, CommRecorder, ForbiddenCollective
 from dpcourse.runtime.failures import LaunchError
 from dpcourse.runtime.inside_rank import to_cpu
-from dpcourse.runtime.launcher import launch, launch_options, observed_traffic
+from dpcourse.runtime.launcher import (
+    check_after_cell,
+    current_runner,
+    launch,
+    launch_options,
+    observed_messages,
+    observed_traffic,
+    per_rank,
+)
 from dpcourse.runtime.timeouts import TIMEOUTS
 
 GROUP_TIMEOUT = TIMEOUTS["p2p_deadlock"]  # seconds a blocked send/recv waits: then it is a deadlock
@@ -129,26 +139,41 @@ def run_cases(fn, world_size, cases, *, exercise, group_timeout=GROUP_TIMEOUT, d
     """
     describe_case = (lambda case: None) if describe is None else (
         lambda case: lambda call: describe(call, case))
-    if observed_traffic() is not None:  # graded: one launch per case, traffic as the router saw it
+    if current_runner() is not None:  # graded: one launch per case, traffic as the router saw it
         for case in cases:
+            mine = per_rank([[own_part(case, rank)] for rank in range(world_size)])
             with launch_options(p2p_only=True, exercise=exercise):
-                per_rank = launch(_rank_side, world_size, fn, [case], exercise, prepare,
-                                  group_timeout=group_timeout, deadline=deadline)
+                per_rank_reports = launch(_rank_side, world_size, fn, mine, exercise, prepare,
+                                          group_timeout=group_timeout, deadline=deadline)
             traffic = observed_traffic()
-            for reports in per_rank:
+            for reports in per_rank_reports:
                 if reports:
                     reports[0]["ops"] = None
-            calls = _calls_of(case, [r[0] if r else None for r in per_rank], traffic)
+            calls = _calls_of(case, [r[0] if r else None for r in per_rank_reports], traffic)
             _raise_problems(calls, exercise, case.get("label"), group_timeout, describe_case(case), advice)
+            if isinstance(case, dict) and case.get("inputs") is not None:
+                what = exercise + (f" ({case['label']})" if case.get("label") else "")
+                check_after_cell(functools.partial(expect_derived, calls, list(case["inputs"]),
+                                                   observed_messages(), what))
             yield calls
         return
-    per_rank = launch(_rank_side, world_size, fn, cases, exercise, prepare, group_timeout=group_timeout,
+    everyone = launch(_rank_side, world_size, fn, cases, exercise, prepare, group_timeout=group_timeout,
                       deadline=deadline)
     for index, case in enumerate(cases):
-        reports = [rank_reports[index] if index < len(rank_reports) else None for rank_reports in per_rank]
+        reports = [rank_reports[index] if index < len(rank_reports) else None for rank_reports in everyone]
         calls = _calls_of(case, reports, None)
         _raise_problems(calls, exercise, case.get("label"), group_timeout, describe_case(case), advice)
         yield calls
+
+
+def own_part(case, rank):
+    """What rank `rank` is sent of a case while graded: its own input only, never its peers' (each
+    rank learns the others' data from messages, as on a real cluster). Cases built by `prepare`
+    (not dicts with inputs) are sent whole."""
+    if not isinstance(case, dict) or "inputs" not in case:
+        return case
+    inputs = case["inputs"]
+    return dict(case, inputs=[x if r == rank else None for r, x in enumerate(inputs)])
 
 
 def world_peer(op):

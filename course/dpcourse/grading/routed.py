@@ -60,8 +60,8 @@ class Link:
                 frame = wire.read_frame(self.sock)
                 if frame is None:
                     break
-                header, tensors = frame
-                self._deliver(header, tensors)
+                self._deliver(*frame)
+                del frame  # not kept until the next reply: what a rank holds is measured while graded
         except (OSError, wire.WireError):
             pass
         self._fail_all("the grader's message router closed the connection")

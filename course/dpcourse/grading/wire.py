@@ -68,28 +68,54 @@ def decode(head, body):
 
 
 def read_exact(sock, n):
-    """Exactly n bytes from a socket, or None if it closed first."""
-    buf, view, got = bytearray(n), None, 0
-    view = memoryview(buf)
+    """Exactly n bytes from a socket, or None if it closed first.
+
+    The buffer grows with what really arrives (doubling from 1 MiB, never past n), not with what
+    a length field announced: a peer that announces a huge frame and sends little costs little.
+    """
+    buf, got = bytearray(min(n, 1 << 20)), 0
     while got < n:
-        k = sock.recv_into(view[got:])
+        if got == len(buf):
+            buf.extend(bytes(min(len(buf), n - len(buf))))
+        k = sock.recv_into(memoryview(buf)[got:])
         if not k:
             return None
         got += k
     return bytes(buf)
 
 
-def read_frame(sock):
-    """(header, tensors) from a socket; None when the peer closed the connection."""
-    lengths = read_exact(sock, 8)
+class FrameTooLarge(WireError):
+    """A frame over the reader's limit; `header` is its header (read, small) when it could be read."""
+
+    def __init__(self, message, header=None):
+        super().__init__(message)
+        self.header = header
+
+
+def read_frame(sock, limit=MAX_FRAME):
+    """(header, tensors) from a socket; None when the peer closed the connection.
+
+    limit: the largest body accepted. A larger one raises FrameTooLarge before any of its body is
+    read (with the header, so that the reader can answer the request it belonged to).
+    """
+    lengths = read_exact(sock, HEADER.size)
     if lengths is None:
         return None
     head_len, body_len = HEADER.unpack(lengths)
-    if head_len > 1 << 20 or body_len > MAX_FRAME:
-        raise WireError(f"frame too large ({head_len} + {body_len} bytes)")
+    if head_len > 1 << 20:
+        raise WireError(f"frame header too large ({head_len} bytes)")
     head = read_exact(sock, head_len)
+    if head is None:
+        return None
+    if body_len > limit:
+        try:
+            header = json.loads(head)
+        except ValueError:
+            header = None
+        raise FrameTooLarge(f"a message of {body_len} bytes, more than the {limit} bytes allowed",
+                            header if isinstance(header, dict) else None)
     body = read_exact(sock, body_len) if body_len else b""
-    if head is None or body is None:
+    if body is None:
         return None
     return decode(head, body)
 
@@ -104,9 +130,9 @@ def encode_value(value):
     return encode({"value": tree}, tensors)
 
 
-def read_value(sock):
+def read_value(sock, limit=MAX_FRAME):
     """A plain value from a socket (a frame written by `encode_value`); None if it closed."""
-    frame = read_frame(sock)
+    frame = read_frame(sock, limit)
     if frame is None:
         return None
     header, tensors = frame

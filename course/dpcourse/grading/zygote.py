@@ -13,7 +13,15 @@ Control protocol (a SOCK_SEQPACKET socket to the grader, JSON packets):
   zygote -> {"started": pid}, later {"exited": pid, "status": wait status};
   grader -> {"cmd": "signal", "pid", "sig"} and {"cmd": "clean"} (kill every other process of
             this sandbox's pid namespace: daemons a rank left behind);
-  grader -> {"cmd": "preload", "modules"}: import those of PRELOADABLE, once, before later forks.
+  grader -> {"cmd": "preload", "modules"}: import those of PRELOADABLE, once, before later forks;
+  grader -> {"cmd": "open"} with 1 fd attached (a new control socket): fork a submission's
+            zygote, the first process of a new pid namespace, which serves that socket with
+            this same protocol; zygote -> {"opened": its pid}. When its socket closes it exits,
+            and the kernel kills every process of its namespace with it (daemons included).
+
+Per submission (as root): the grader opens one submission's zygote per notebook it judges, so
+nothing a learner's ranks left (a daemon, a file in /tmp) can reach the next learner; every rank
+runs as the user id the grader chose for it (`spec["uid"]`: fresh for each submission and rank).
 
 Inside a rank: the learner program (the notebook's code cells: imports, definitions,
 assignments; bare expressions and loops are skipped, they are experiments and demos) runs
@@ -25,6 +33,7 @@ out: the grader must not unpickle what learner code wrote).
 import ast
 import contextlib
 import faulthandler
+import gc
 import importlib
 import json
 import os
@@ -141,43 +150,57 @@ def run_program(cells):
 
 
 CLONE_NEWNS, CLONE_NEWNET, CLONE_NEWIPC, CLONE_NEWUTS = 0x20000, 0x40000000, 0x08000000, 0x04000000
-MS_NOSUID, MS_NODEV, MS_REC, MS_PRIVATE = 2, 4, 0x4000, 0x40000
+CLONE_NEWPID = 0x20000000
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_MOVE = 2, 4, 8, 0x1000, 0x2000
+MS_REC, MS_PRIVATE = 0x4000, 0x40000
 PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 4, 38
-FIRST_UID = 61000  # rank r of a launch runs as user 61000 + r
+FIRST_UID = 61000  # without a uid from the grader, rank r runs as user 61000 + r
 
 
-def isolate(rank, scratch=None, share_scratch=False):
-    """Cut this rank off from the other ranks of the sandbox, then give up root for good.
-
-    Several ranks share one sandbox (one warm interpreter is much cheaper than one per rank), so
-    each rank gets its own network (none), IPC, /tmp and /dev/shm, and its own unprivileged user:
-    it cannot signal, trace or read the memory of another rank, nor raise any limit. The grader's
-    scratch folder (where a test's checkpoint folder lives) stays visible only when the launch
-    allows collectives (`share_scratch`): in an exercise built from send/recv, files would be a
-    way around the messages.
-    """
+def _libc_call(what):
+    """A checker for libc calls (0 on success): raises OSError naming `what` otherwise."""
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
 
-    def check(result, what):
+    def check(result, step):
         if result != 0:
-            raise OSError(ctypes.get_errno(), f"could not isolate the rank: {what}")
+            raise OSError(ctypes.get_errno(), f"{what}: {step}")
+    return libc, check
 
+
+def isolate(rank, scratch=None, shared=(), uid=None):
+    """Cut this rank off from the other ranks of the sandbox, then give up root for good.
+
+    Several ranks share one sandbox (one warm interpreter is much cheaper than one per rank), so
+    each rank gets its own network (none), IPC, /tmp and /dev/shm, and its own unprivileged user
+    (`uid`, which the grader chooses fresh for each submission): it cannot signal, trace or read the
+    memory of another rank or of another learner's processes, nor raise any limit. The grader's
+    scratch folder is hidden, but for the folders of it named in `shared` (a checkpoint folder a
+    test hands every rank of a launch): any other writable place shared by ranks would be a way
+    around the messages.
+    """
+    libc, check = _libc_call("could not isolate the rank")
     check(libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
     check(libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "private mounts")
-    hidden = [(b"/tmp", b"256m"), (b"/dev/shm", b"64m")]
-    if scratch and not share_scratch:
-        hidden.append((scratch.encode(), b"1m"))
-    for path, size in hidden:
+    for path, size in ((b"/tmp", b"256m"), (b"/dev/shm", b"64m")):
         check(libc.mount(b"tmpfs", path, b"tmpfs", MS_NOSUID | MS_NODEV, b"size=" + size + b",mode=1777"),
               f"a private {path.decode()}")
-    uid = FIRST_UID + rank
+    if scratch:
+        kept = []
+        for index, folder in enumerate(shared):  # set aside, to show again on top of the hiding tmpfs
+            hold = f"/tmp/.shared{index}".encode()
+            os.mkdir(hold)
+            check(libc.mount(folder.encode(), hold, None, MS_BIND, None), "a shared folder")
+            kept.append((hold, folder))
+        check(libc.mount(b"tmpfs", scratch.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"size=1m,mode=0755"),
+              "hiding the grader's scratch folder")
+        for hold, folder in kept:
+            os.makedirs(folder, exist_ok=True)
+            check(libc.mount(hold, folder.encode(), None, MS_MOVE, None), "a shared folder")
+    uid = FIRST_UID + rank if uid is None else uid
     os.makedirs("/tmp/home", exist_ok=True)
     os.chown("/tmp/home", uid, uid)
-    import resource
-
-    resource.setrlimit(resource.RLIMIT_NPROC, (64, 64))
     os.setgroups([])
     os.setresgid(uid, uid, uid)
     os.setresuid(uid, uid, uid)  # from root to another user: every capability is dropped
@@ -196,8 +219,10 @@ def _rank_main(spec, fds, payload, zygote_pid):
         from dpcourse.runtime import inside_rank
 
         inside_rank.die_with_parent(zygote_pid)
+        if spec.get("probe_fd") is not None:
+            inside_rank.measured_by(spec["probe_fd"])
         if spec.get("isolate"):
-            isolate(spec["rank"], spec.get("scratch"), spec.get("share_scratch", False))
+            isolate(spec["rank"], spec.get("scratch"), spec.get("shared", ()), spec.get("uid"))
         inside_rank.redirect_output(out_w)
         import cloudpickle
         import torch
@@ -309,12 +334,15 @@ def serve(control, sandboxed):
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     selector.register(wake_r, selectors.EVENT_READ)
-    children = set()
+    children, probes = set(), {}  # probes: pid -> Probe of a rank whose memory is measured
     while True:
         for key, _ in selector.select(0.02):
             if key.fileobj == wake_r:
                 with contextlib.suppress(BlockingIOError):
                     os.read(wake_r, 4096)
+                continue
+            if isinstance(key.data, Probe):
+                key.data.answer(selector)
                 continue
             packet, fds, _, _ = socket.recv_fds(control, PACKET, 8)
             if not packet:
@@ -324,6 +352,7 @@ def serve(control, sandboxed):
                 payload = bytearray()
                 while len(payload) < message["size"]:
                     payload += control.recv(PACKET)
+                probe = Probe() if message.get("probe") else None
                 pid = os.fork()
                 if pid == 0:
                     control.close()
@@ -331,10 +360,18 @@ def serve(control, sandboxed):
                     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                     os.close(wake_r)
                     os.close(wake_w)
+                    for other in probes.values():
+                        other.ours.close()
+                    if probe is not None:
+                        probe.ours.close()
+                        message["probe_fd"] = probe.theirs.detach()
                     _rank_main(message, fds, bytes(payload), os.getppid())
                 for fd in fds:
                     os.close(fd)
                 children.add(pid)
+                if probe is not None:
+                    probe.started(pid, selector)
+                    probes[pid] = probe
                 control.send(json.dumps({"started": pid}).encode())
             elif message["cmd"] == "signal":
                 if message["pid"] in children:
@@ -346,6 +383,10 @@ def serve(control, sandboxed):
                 for module in set(message["modules"]) & PRELOADABLE:
                     with contextlib.suppress(Exception):
                         importlib.import_module(module)
+                gc.freeze()  # as at the start (main)
+            elif message["cmd"] == "open":
+                opened = _open_submission(control, fds[0], (wake_r, wake_w))
+                control.send(json.dumps({"opened": opened}).encode())
             elif message["cmd"] == "clean":
                 for pid in _leftovers(sandboxed):
                     if pid not in children:
@@ -353,16 +394,126 @@ def serve(control, sandboxed):
                             os.kill(pid, signal.SIGKILL)
                         except ProcessLookupError:
                             pass
-        while children:
+        while True:  # reap every child: ranks, and (as a namespace's first process) orphans too
             try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
+                pid, status, usage = os.wait4(-1, os.WNOHANG)
             except ChildProcessError:
                 break
             if not pid:
                 break
             if pid in children:
                 children.discard(pid)
-                control.send(json.dumps({"exited": pid, "status": status}).encode())
+                report = {"exited": pid, "status": status}
+                if pid in probes:
+                    report["memory"] = probes.pop(pid).finished(usage, selector)
+                control.send(json.dumps(report).encode())
+
+
+def memory_now(pid="self"):
+    """(anonymous resident bytes, all resident bytes) of a process, from /proc/<pid>/status."""
+    found = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("RssAnon", "VmRSS"):
+                found[key] = int(value.split()[0]) * 1024
+    return found.get("RssAnon", 0), found.get("VmRSS", 0)
+
+
+class Probe:
+    """This zygote's end of a rank's memory probe (grader-only measurements of what a rank holds).
+
+    The rank names moments (dpcourse.runtime.inside_rank.memory_mark: "built", "after step 0");
+    at each, while the rank waits, the zygote reads the rank's resident memory from /proc and keeps
+    the number: the rank never sees it, so no learner code can change it. When the rank exits, its
+    exit report carries the marks, the zygote's own resident memory when it forked the rank (the
+    rank's start: what it shares with the zygote) and the rank's peak resident memory (the
+    kernel's count, from wait4).
+    """
+
+    MARKS = 200  # marks kept per rank
+    LABEL = 60  # characters of a mark's label
+
+    def __init__(self):
+        self.ours, self.theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.start, self.marks, self.pid = memory_now(), [], None
+
+    def started(self, pid, selector):
+        self.pid = pid
+        self.theirs.close()
+        selector.register(self.ours, selectors.EVENT_READ, self)
+
+    def answer(self, selector):
+        try:
+            label = self.ours.recv(256)
+        except OSError:
+            label = b""
+        if not label:
+            selector.unregister(self.ours)
+            self.ours.close()
+            return
+        try:
+            anon, rss = memory_now(self.pid)
+        except OSError:
+            anon = rss = -1
+        if len(self.marks) < self.MARKS:
+            self.marks.append([label.decode(errors="replace")[:self.LABEL], anon, rss])
+        with contextlib.suppress(OSError):
+            self.ours.send(b"1")
+
+    def finished(self, usage, selector):
+        with contextlib.suppress(KeyError, ValueError):
+            selector.unregister(self.ours)
+        self.ours.close()
+        return {"start_anon": self.start[0], "start_rss": self.start[1], "marks": self.marks,
+                "peak_rss": usage.ru_maxrss * 1024}
+
+
+def _open_submission(control, fd, inherited):
+    """Fork a submission's zygote: the first process of a new pid namespace (and mount namespace,
+    with its own /proc), serving the control socket `fd`. Returns its pid here (0 if it failed).
+
+    A process cannot move itself into a new pid namespace, only its later children: a middle
+    process unshares, forks the submission's zygote and exits.
+    """
+    read_end, write_end = os.pipe()
+    middle = os.fork()
+    if middle == 0:
+        try:
+            control.close()
+            os.close(read_end)
+            libc, check = _libc_call("could not open a submission's sandbox")
+            check(libc.unshare(CLONE_NEWPID | CLONE_NEWNS), "unshare")
+            pid = os.fork()
+            if pid == 0:
+                os.close(write_end)
+                _submission_main(fd, inherited)
+            os.write(write_end, str(pid).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    os.close(fd)
+    answer = os.read(read_end, 32)
+    os.close(read_end)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(middle, 0)
+    return int(answer or 0)
+
+
+def _submission_main(fd, inherited):
+    """A submission's zygote: pid 1 of its namespace, with its own /proc; serves until its socket closes."""
+    code = 1
+    try:
+        signal.set_wakeup_fd(-1)
+        for other in inherited:
+            os.close(other)
+        libc, check = _libc_call("could not set up a submission's sandbox")
+        check(libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "private mounts")
+        check(libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None), "its own /proc")
+        serve(socket.socket(fileno=fd), sandboxed=True)
+        code = 0
+    finally:
+        os._exit(code)
 
 
 def main():
@@ -378,6 +529,11 @@ def main():
     from dpcourse.grading import routed  # noqa: F401
 
     os.environ.setdefault("MPLBACKEND", "Agg")  # ranks draw nothing
+    # What was imported here lives as long as the zygote: out of the collector's sight, so that a rank's
+    # garbage collections scan only its own objects (a full one took ~0.4 s with torch's) and do not
+    # touch, and so copy, the pages it shares with the zygote.
+    gc.collect()
+    gc.freeze()
 
     control.send(json.dumps({"ready": os.getpid()}).encode())
     serve(control, sandboxed)

@@ -8,6 +8,12 @@ it. Both peers are victims. The culprit is the rank whose failure is not a
 consequence of another's: the earliest genuine error or crash, else a rank that
 was still running outside communication while the others waited, else (all
 waiting on each other) a deadlock, reported with where every rank was stuck.
+
+Source lines: a rank's stack dump names files and lines, and the text of the line is looked up by
+`source(path, line)`. In a notebook that is linecache (the ranks are the learner's own processes on
+the learner's own machine). While grading, a rank's dump is text written by learner code, and a
+path in it may name any file (/etc/shadow, the solutions): the grader passes a `source` that answers
+only for the learner's own cells (`<cell N>`, from the notebook it holds) and never opens a file.
 """
 
 import os
@@ -49,9 +55,29 @@ def unless_not_written(*names):
         print(f"{' or '.join(names)} {'is' if len(names) == 1 else 'are'} not written yet")
 
 
-def describe_failure(ranks, stopped, deadline, group_timeout):
+def linecache_source(path, line):
+    """The text of line `line` of file `path` (linecache): for ranks this process started itself."""
+    import linecache
+
+    return linecache.getline(path, int(line))
+
+
+_source = linecache_source  # how source lines are found while one failure is described
+
+
+def describe_failure(ranks, stopped, deadline, group_timeout, source=None):
     """Build the LaunchError for a launch that failed or ran out of time; `stopped` are the ranks
-    the launcher had to stop (still running, no report)."""
+    the launcher had to stop (still running, no report). `source(path, line)`: the text of a line
+    a rank's stack names (see the module docstring); linecache when None."""
+    global _source
+    _source = source or linecache_source
+    try:
+        return _describe(ranks, stopped, deadline, group_timeout)
+    finally:
+        _source = linecache_source
+
+
+def _describe(ranks, stopped, deadline, group_timeout):
     world = len(ranks)
     failed = [r for r in ranks if r not in stopped and _is_failure(r)]
     genuine = [r for r in failed if _kind(r) not in ("victim", "waited")]
@@ -202,9 +228,27 @@ def _trim_traceback(text):
             skipping = False
         if not skipping and not line.startswith("Traceback (most recent call last)"):
             out.append(line)
+    return _with_cell_lines(out)
+
+
+CELL_FRAME = re.compile(r'^  File "(?P<path><cell \d+>)", line (?P<line>\d+)')
+
+
+def _with_cell_lines(lines):
+    """A traceback's frames in the learner's cells (`<cell N>`) with their line of code, which the
+    rank could not print (the cells are not files); `_source` gives it (the grader's from the notebook)."""
+    out = []
+    for i, line in enumerate(lines):
+        out.append(line)
+        frame = CELL_FRAME.match(line)
+        if frame and not (i + 1 < len(lines) and lines[i + 1].startswith("    ")):
+            text = (_source(frame["path"], frame["line"]) or "").strip()
+            if text:
+                out.append(f"    {text}")
     return out
 
 
+STACK_FRAMES = 30  # innermost frames of a stuck rank shown (its dump is text the rank wrote)
 BOTTOM_FILES = ("dpcourse/runtime/inside_rank.py", "dpcourse/grading/zygote.py")  # where a rank starts
 FRAME = re.compile(r'File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 
@@ -229,12 +273,10 @@ def _in_user_code(frames):
 
 
 def _in_communication(frames):
-    import linecache
-
     for f in frames:
-        if "torch/distributed/" in f["path"]:
+        if "torch/distributed/" in f["path"] or "dpcourse/grading/routed.py" in f["path"]:
             return True
-        if re.search(r"\.wait\(|\bbarrier\(", linecache.getline(f["path"], int(f["line"]))):
+        if re.search(r"\.wait\(|\bbarrier\(", _source(f["path"], f["line"]) or ""):
             return True
     return False
 
@@ -252,15 +294,13 @@ def _where(r):
 
 
 def _stack_lines(r):
-    import linecache
-
     lines = []
     for f in reversed(_stack(r)):
         lines.append(f'  File "{f["path"]}", line {f["line"]}, in {f["func"]}')
-        source = linecache.getline(f["path"], int(f["line"])).strip()
+        source = (_source(f["path"], f["line"]) or "").strip()
         if source:
             lines.append(f"    {source}")
-    return lines
+    return lines[-2 * STACK_FRAMES:]
 
 
 def _short(path):

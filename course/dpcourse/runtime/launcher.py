@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from dpcourse.backend import resolve_backend
 from dpcourse.runtime import inside_rank
 from dpcourse.runtime.failures import describe_failure
+from dpcourse.runtime.inside_rank import PerRank as per_rank  # noqa: F401 - launch's per-rank arguments
 from dpcourse.runtime.timeouts import TIMEOUTS
 
 DEFAULT_GROUP_TIMEOUT = TIMEOUTS["group"]  # seconds a recv or collective may wait for its peers
@@ -47,6 +48,7 @@ DEFAULT_DEADLINE = TIMEOUTS["launch"]  # seconds a whole launch may take
 
 
 MAX_WORLD_SIZE = 64
+DIAG_LIMIT = 64 * 1024  # bytes of a stuck rank's stack dump kept, where the caller limits reports
 
 
 def launch(fn, world_size, *args, backend=None, deadline=None, group_timeout=None, **kwargs):
@@ -59,6 +61,7 @@ def launch(fn, world_size, *args, backend=None, deadline=None, group_timeout=Non
     Raises LaunchError naming the culprit rank if any rank fails, exits or hangs.
     """
     _check_caller(world_size)
+    inside_rank.for_rank((args, kwargs), 0, world_size)  # per_rank arguments: one value per rank
     deadline = _seconds("DPCOURSE_DEADLINE", deadline, DEFAULT_DEADLINE)
     group_timeout = _seconds("DPCOURSE_GROUP_TIMEOUT", group_timeout, DEFAULT_GROUP_TIMEOUT)
     if _runner is not None:
@@ -100,12 +103,37 @@ def observed_traffic():
     return None if _runner is None else _runner.last_traffic
 
 
+def observed_messages():
+    """While graded, what the last launch's messages carried, in the router's order (see the
+    grader's router: ("post", src, dst, id) and ("deliver", src, dst, id, tensor)); None otherwise."""
+    return None if _runner is None else getattr(_runner, "last_flow", None)
+
+
+def check_after_cell(check):
+    """While graded, run `check()` once the test cell that is running has passed every check of its
+    own: a check of how a result was reached (dpcourse.comm.provenance) speaks only about results
+    that are right, so a wrong result keeps its own message. Not graded: nothing to do."""
+    if _runner is not None and hasattr(_runner, "deferred"):
+        _runner.deferred.append(check)
+
+
+def observed_memory():
+    """While graded with launch_options(measure_memory=True), per rank what its zygote measured of the
+    last launch: {"start_anon", "start_rss", "marks": [[label, anonymous bytes, resident bytes]],
+    "peak_rss"} (dpcourse.grading.zygote.Probe), or None for a rank that was not measured; None when
+    not graded."""
+    return None if _runner is None else getattr(_runner, "last_memory", None)
+
+
 @contextlib.contextmanager
-def launch_options(p2p_only=False, exercise="this exercise"):
+def launch_options(p2p_only=False, exercise="this exercise", keep_messages=None, measure_memory=False):
     """Launches in this block are for an exercise built from send/recv only: the grader's router
-    refuses their collectives (in a notebook the ranks' own recorder does it)."""
+    refuses their collectives (in a notebook the ranks' own recorder does it). keep_messages: the
+    router keeps what each message carried (default: in point-to-point exercises). measure_memory:
+    while graded, each rank's memory is measured from outside at its memory_mark calls."""
     previous = getattr(_options, "value", None)
-    _options.value = {"p2p_only": p2p_only, "exercise": exercise}
+    _options.value = {"p2p_only": p2p_only, "exercise": exercise, "keep_messages": keep_messages,
+                      "measure_memory": measure_memory}
     try:
         yield
     finally:
@@ -113,7 +141,8 @@ def launch_options(p2p_only=False, exercise="this exercise"):
 
 
 def current_options():
-    return getattr(_options, "value", None) or {"p2p_only": False, "exercise": "this exercise"}
+    return getattr(_options, "value", None) or {"p2p_only": False, "exercise": "this exercise",
+                                                "keep_messages": None, "measure_memory": False}
 
 
 def _check_caller(world_size):
@@ -175,6 +204,7 @@ class Rank:
     control: object = None  # how to poll and signal the process (LocalProcess unless the grader's)
     output_limit: int = None  # bytes of output relayed; the rest is dropped (the grader sets one)
     output_bytes: int = 0
+    report_limit: int = None  # bytes of result a rank may send (the grader sets one; DIAG_LIMIT then too)
 
     def __post_init__(self):
         if self.control is None:
@@ -286,8 +316,11 @@ def _spawn_rank(spec, payload, rank_pipes):
                             pass_fds=(msg_w, diag_w), env=env)
 
 
-def supervise(ranks, deadline, group_timeout):
-    """Relay output and collect results until every rank reported, one failed, or time ran out."""
+def supervise(ranks, deadline, group_timeout, source=None):
+    """Relay output and collect results until every rank reported, one failed, or time ran out.
+
+    source: how a failure report finds the text of a line a rank's stack names (see
+    dpcourse.runtime.failures); the grader's never opens a file."""
     selector = selectors.DefaultSelector()
     for r in ranks:
         for fd, kind in ((r.out_fd, "out"), (r.msg_fd, "msg"), (r.diag_fd, "diag")):
@@ -303,14 +336,14 @@ def supervise(ranks, deadline, group_timeout):
                 _pump_for(selector, 0.3)  # let simultaneous failures (timeouts) report too
                 # a rank reaped before its last message was read looked failed; judge it on the message
                 if any(_failed(r) for r in ranks):
-                    raise _failure(ranks, selector, deadline, group_timeout)
+                    raise _failure(ranks, selector, deadline, group_timeout, source)
             if all(not r.alive for r in ranks):
                 _pump_until_closed(selector)
                 if any(_failed(r) for r in ranks):
-                    raise _failure(ranks, selector, deadline, group_timeout)
+                    raise _failure(ranks, selector, deadline, group_timeout, source)
                 return [r.report[2] for r in ranks]
             if time.monotonic() > end:
-                raise _failure(ranks, selector, deadline, group_timeout)
+                raise _failure(ranks, selector, deadline, group_timeout, source)
     finally:
         _flush_partial_lines(ranks)
         selector.close()
@@ -338,11 +371,18 @@ def _pump(selector, timeout):
         if kind == "out":
             _relay(r, chunk)
         elif kind == "msg":
+            if r.report is not None:
+                continue  # one report per rank: anything after it is ignored
             r.msg += chunk
-            if _msg_complete(r):
+            if r.report_limit is not None and len(r.msg) > 8 + r.report_limit:
+                r.msg = b""
+                r.report = ("error", time.monotonic(), "ValueError",
+                            f"the function's result is larger than the {r.report_limit >> 20} MiB a graded "
+                            f"rank may return", "")
+            elif _msg_complete(r):
                 r.report = r.control.decode(r.msg[8:])
-        else:
-            r.diag += chunk
+        elif r.report_limit is None or len(r.diag) < DIAG_LIMIT:
+            r.diag += chunk[:None if r.report_limit is None else DIAG_LIMIT - len(r.diag)]
 
 
 def _pump_for(selector, seconds):
@@ -404,7 +444,7 @@ def _exited(r, status):
         r.popen.returncode = os.waitstatus_to_exitcode(status)
 
 
-def _failure(ranks, selector, deadline, group_timeout):
+def _failure(ranks, selector, deadline, group_timeout, source=None):
     """Collect the stacks of the ranks still running, kill everything, explain."""
     alive = [r for r in ranks if r.alive and r.report is None]
     for r in alive:
@@ -415,7 +455,7 @@ def _failure(ranks, selector, deadline, group_timeout):
     kill_and_reap(ranks)
     _pump_until_closed(selector, limit=0.5)
     _flush_partial_lines(ranks)
-    return describe_failure(ranks, alive, deadline, group_timeout)
+    return describe_failure(ranks, alive, deadline, group_timeout, source)
 
 
 BOTTOM_FRAME = re.compile(rb'(inside_rank|zygote)\.py", line \d+ in \w+\n')
