@@ -70,6 +70,22 @@ class ForbiddenCollective(RuntimeError):
     """A collective was called where only point-to-point operations are allowed."""
 
 
+class PeerError(ValueError):
+    """A send or recv named a rank its group does not have (gloo, given rank -1, can crash the
+    process with "double free or corruption"; the grader's router would read -1 as the last rank)."""
+
+
+def check_peer(name, peer, size, members=None):
+    """Refuse a send/recv whose peer (a rank of its group) is not one of the group's ranks, before
+    the backend sees it. members: the group's world ranks, to name them in the message."""
+    if isinstance(peer, int) and not isinstance(peer, bool) and 0 <= peer < size:
+        return
+    direction = "to" if name == "send" else "from"
+    ranks = (f"the ranks of its group are {list(members)} (world ranks)" if members is not None
+             and list(members) != list(range(size)) else f"the ranks are 0 to {size - 1}")
+    raise PeerError(f"dist.{name} {direction} rank {peer}: there is no rank {peer} ({ranks})")
+
+
 @dataclass
 class CommOp:
     op: str  # "send", "recv", "all_reduce", ...
@@ -195,6 +211,8 @@ class CommRecorder(TorchDispatchMode):
         name = NAMES.get(raw, raw.rstrip("_"))
         self._refuse(name, raw)
         peer = args[2] if name in ("send", "recv") and len(args) > 2 else None
+        if peer is not None:
+            check_peer(name, peer, _process_group(args[1]).size(), _group_of(args))
         # the bytes this rank puts in: its input tensors, as the grader's router counts them
         # (all_gather: this rank's chunk; reduce_scatter: the whole input); comm.volume turns
         # each record into the bytes a rank sends

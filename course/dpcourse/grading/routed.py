@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch.futures import Future
 
-from dpcourse.comm.recorder import ForbiddenCollective, note_routed_call
+from dpcourse.comm.recorder import ForbiddenCollective, check_peer, note_routed_call
 from dpcourse.grading import wire
 
 BACKEND = "dpcourse-routed"
@@ -193,6 +193,7 @@ class RoutedGroup(dist.ProcessGroup):
         return self.members[group_rank]
 
     def send(self, tensors, dst, tag=0):
+        check_peer("send", dst, self.size(), self.members)  # as the recorder does before gloo sees it
         note_routed_call("send", dst, tensors[:1], self.members)
         peer = self._other(dst)
         future, _ = _link.request({"k": "send", "group": self.members, "dst": peer, "tag": tag},
@@ -200,6 +201,7 @@ class RoutedGroup(dist.ProcessGroup):
         return _work(future)
 
     def recv(self, tensors, src, tag=0):
+        check_peer("recv", src, self.size(), self.members)  # -1 would index the last member
         note_routed_call("recv", src, tensors[:1], self.members)
         peer = self._other(src)
         t = tensors[0]
