@@ -123,3 +123,18 @@ def test_collectives_with_outputs_record_their_inputs_bytes_and_their_group():
     for ops in launch(gathers_and_scatters, 3, group_timeout=5)[1:]:
         assert [(o.op, o.nbytes, o.group) for o in ops] == [
             ("all_gather", 24, (1, 2)), ("reduce_scatter", 24, (1, 2)), ("all_to_all", 16, (1, 2))]
+
+
+def receive_from(peer):
+    """A receive from a rank that does not exist, under the recorder: refused before gloo sees it."""
+    with CommRecorder(p2p_only=True, exercise="ring"):
+        dist.recv(torch.zeros(2), peer)
+
+
+@pytest.mark.parametrize("peer", [-1, 2])
+def test_a_peer_outside_the_group_is_refused_before_the_backend(peer):
+    # gloo given rank -1 can crash the process ("double free or corruption"); the router would read -1
+    # as the last rank: neither may see it
+    with pytest.raises(LaunchError, match=rf"PeerError: recv from rank {peer}: there is no rank "
+                                          rf"{peer} \(the ranks are 0 to 1\)"):
+        launch(receive_from, 2, peer, group_timeout=5)

@@ -83,7 +83,7 @@ def check_peer(name, peer, size, members=None):
     direction = "to" if name == "send" else "from"
     ranks = (f"the ranks of its group are {list(members)} (world ranks)" if members is not None
              and list(members) != list(range(size)) else f"the ranks are 0 to {size - 1}")
-    raise PeerError(f"dist.{name} {direction} rank {peer}: there is no rank {peer} ({ranks})")
+    raise PeerError(f"{name} {direction} rank {peer}: there is no rank {peer} ({ranks})")
 
 
 @dataclass

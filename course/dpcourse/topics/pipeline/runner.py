@@ -372,7 +372,8 @@ def _after_warmup(step, warmup, stage, *args):
 ADVICE = (
     "In a pipeline, a blocking dist.send waits until the neighbour posts the matching recv. If two "
     "neighbours both send (stage s an activation forward, stage s + 1 a gradient back), neither "
-    "receives: send with dist.isend (keep the requests, wait for them before returning), and receive "
+    "receives: send with dist.isend (wait for a request before the next send in its direction, and for "
+    "the last ones before returning), and receive "
     "from each neighbour in the order it sends (micro-batch 0, 1, 2, ...).")
 
 NEIGHBOUR_ADVICE = (
