@@ -47,7 +47,8 @@ REFERENCES = {
     "one_f_one_b": "reference_one_f_one_b (Megatron-LM's warm-up, steady state, cool-down), checked against "
                    "torch's Schedule1F1B",
     "run_schedule": "one process running the whole float64 model on the whole batch; the order a schedule "
-                    "lists, and the activations autograd kept",
+                    "lists, the activations autograd kept, and the memory a finished micro-batch still holds "
+                    "(StageWatch)",
 }
 
 GROUP_TIMEOUT = TIMEOUTS["p2p_deadlock"]
