@@ -149,11 +149,19 @@ def test_training_is_compared_slice_by_slice_with_the_unsharded_module():
 def test_a_learner_exception_names_the_exercise_the_case_and_the_rank():
     from dpcourse import LaunchError
 
-    def broken(x, group=None):
+    def not_written(x, group=None):
         raise NotImplementedError()
 
-    with pytest.raises(LaunchError, match=r"f \(test case\) raised on rank \d: NotImplementedError"):
-        run_operator_cases(broken, 4, [operator_case()], exercise="f")
+    with pytest.raises(LaunchError, match=r"raised NotImplementedError: f \(test case\) is not written yet"):
+        run_operator_cases(not_written, 4, [operator_case()], exercise="f")  # the same on every rank: no race
+
+    def sliced_by_world_rank(x, group=None):
+        return x.chunk(dist.get_world_size(group), dim=-1)[dist.get_rank()]
+
+    with pytest.raises(LaunchError, match=r"f \(test case\) raised on rank [23]: IndexError: .* -- rank [23] "
+                                          r"is rank [01] of its group \[2, 3\], which has 2 slices: was the "
+                                          r"index the world rank"):
+        run_operator_cases(sliced_by_world_rank, 4, [operator_case()], exercise="f")
 
 
 def test_output_gradients_reach_only_outputs_that_require_grad():

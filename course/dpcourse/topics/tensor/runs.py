@@ -99,6 +99,8 @@ def _call(exercise, label, fn, *args, members=None, **kwargs):
     of range in a group smaller than the world, the likely cause: an index taken from the world rank)."""
     try:
         return fn(*args, **kwargs)
+    except NotImplementedError as exc:  # the same on every rank: no race on which rank is named
+        raise NotImplementedError(f"{exercise} ({label}) is not written yet") from exc
     except Exception as exc:
         rank = dist.get_rank()
         hint = ""
