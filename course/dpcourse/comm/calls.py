@@ -243,8 +243,10 @@ def _rank_side(fn, cases, exercise, prepare=None):
                                    f"is not connected\"): a rank has no connection to itself; on a single "
                                    f"rank there is nobody to talk to") from exc
             if not (isinstance(exc, RuntimeError) and WAITED.search(str(exc))):
-                if watch is not None and isinstance(exc, NotImplementedError):  # the same message on every
-                    raise NotImplementedError(f"{exercise} is not written yet") from exc  # rank: no race
+                if watch is not None and isinstance(exc, NotImplementedError):
+                    # the same message on every rank, so no race on which rank a grade names (the launcher
+                    # adds "not written yet")
+                    raise NotImplementedError(exercise) from exc
                 if watch is not None and hasattr(watch, "where"):
                     hint = watch.hint(exc) if hasattr(watch, "hint") else ""
                     raise RuntimeError(f"{exercise} on rank {rank}, {watch.where()}: "

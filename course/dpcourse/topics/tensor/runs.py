@@ -100,7 +100,7 @@ def _call(exercise, label, fn, *args, members=None, **kwargs):
     try:
         return fn(*args, **kwargs)
     except NotImplementedError as exc:  # the same on every rank: no race on which rank is named
-        raise NotImplementedError(f"{exercise} ({label}) is not written yet") from exc
+        raise NotImplementedError(f"{exercise} ({label})") from exc  # the launcher says "not written yet"
     except Exception as exc:
         rank = dist.get_rank()
         hint = ""
