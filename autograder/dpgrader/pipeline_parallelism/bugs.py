@@ -63,7 +63,9 @@ NAIVE = [
                ("dist.recv(grad, stage.next)", "dist.recv(grad, dist.get_rank() + 1)"),
                ("dist.send(x.grad, stage.prev)", "dist.send(x.grad, dist.get_rank() - 1)")],
         loses={"test_naive_pipeline_step_edge_cases":
-               "named a rank that does not exist in a send or recv, on ranks 0 and 2 of 3"},
+               "recv from rank -1: there is no rank -1 (the ranks are 0 to 2) -- stage 1 runs on rank 0; its "
+               "neighbours are stage.prev = 2 and stage.next = 1 (world ranks): name them by stage.prev and "
+               "stage.next, not rank - 1 and rank + 1"},
         keeps=["test_naive_pipeline_step_basic"]),
     Bug("naive_pipeline_step", "received_gradient_ignored",
         patch=[("out.backward(grad)", "out.backward(torch.ones_like(out))")],
