@@ -534,8 +534,8 @@ def expect_refusal(case_runs, what, numbers, rule):
         if raised is None:
             raise AssertionError(f"{what}: rank {run.rank} built the module: expected a ValueError ({rule})")
         if not raised.startswith("ValueError"):
-            raise AssertionError(f"{what}: rank {run.rank} raised {raised[:200]}: expected a ValueError "
-                                 f"({rule})")
+            raise AssertionError(f"{what}: rank {run.rank} raised {raised[:200].rstrip(': ')}: expected a "
+                                 f"ValueError ({rule})")
         missing = [v for v in numbers.values() if not re.search(rf"(?<![\d.]){v}(?![\d.])", raised)]
         if missing:
             raise AssertionError(f"{what}: rank {run.rank} raised {raised[:200]}: a ValueError, but its "

@@ -103,13 +103,16 @@ def _call(exercise, label, fn, *args, members=None, **kwargs):
         raise NotImplementedError(f"{exercise} ({label})") from exc  # the launcher says "not written yet"
     except Exception as exc:
         rank = dist.get_rank()
-        hint = ""
         if isinstance(exc, IndexError) and members is not None and rank >= len(members):
-            hint = (f" -- rank {rank} is rank {members.index(rank)} of its group {list(members)}, which has "
-                    f"{len(members)} slices: was the index the world rank (dist.get_rank()) instead of the "
-                    f"rank in the group (dist.get_rank(group))?")
+            # every member whose world rank is past the group's slices fails alike: one message for all
+            n = len(members)
+            who = f"the ranks of group {list(members)} whose world rank is {n} or more"
+            hint = (f"a group of {n} has slices 0 to {n - 1}: was the index the world rank (dist.get_rank()) "
+                    f"instead of the rank in the group (dist.get_rank(group))?")
+            raise RuntimeError(f"{exercise} ({label}) raised on {who}: {type(exc).__name__}: {exc} -- "
+                               f"{hint}") from exc
         raise RuntimeError(f"{exercise} ({label}) raised on rank {rank}: "
-                           f"{type(exc).__name__}: {exc}{hint}") from exc
+                           f"{type(exc).__name__}: {exc}") from exc
 
 
 def _plain_ops(ops):
