@@ -70,6 +70,18 @@ def test_a_deadlock_fails_with_a_diagnosis_within_the_group_timeout(pool):
     assert "recv" in str(error.value)
 
 
+def receive_from_minus_one():
+    x = torch.zeros(3)
+    dist.recv(x, dist.get_rank() - 1)  # rank 0 asks rank -1: no such rank (not "the last one")
+    return x
+
+
+def test_a_peer_outside_the_group_is_refused_as_under_gloo_not_read_as_the_last_rank(pool):
+    with pytest.raises(Exception, match=r"PeerError: recv from rank -1: there is no rank -1 \(the ranks "
+                                        r"are 0 to 1\)"):
+        launch(receive_from_minus_one, 2, group_timeout=2)
+
+
 def reduce_in_place():
     t = torch.ones(2)
     dist.all_reduce(t)
