@@ -82,6 +82,28 @@ def test_a_peer_outside_the_group_is_refused_as_under_gloo_not_read_as_the_last_
         launch(receive_from_minus_one, 2, group_timeout=2)
 
 
+def requests_before_and_after_wait():
+    import time
+
+    if dist.get_rank() == 0:
+        request = dist.isend(torch.ones(4), 1)
+        time.sleep(0.3)  # long received by then
+        before = request.is_completed()
+        request.wait()
+        return before, request.is_completed()
+    x = torch.zeros(4)
+    request = dist.irecv(x, 0)
+    time.sleep(0.3)
+    before = request.is_completed()
+    request.wait()
+    return before, request.is_completed()
+
+
+def test_send_and_recv_requests_say_completed_only_once_waited_for_as_gloos_do(pool):
+    # gloo: False, then True (measured); code that prunes requests by is_completed() keeps them alike
+    assert launch(requests_before_and_after_wait, 2) == [(False, True), (False, True)]
+
+
 def reduce_in_place():
     t = torch.ones(2)
     dist.all_reduce(t)

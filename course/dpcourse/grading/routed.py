@@ -124,16 +124,19 @@ class RoutedWork(dist.Work):
     """A request in flight. Not torch's future-wrapping Work: its wait() returns True even when the
     future failed, so a timeout or a refused call would pass silently; this one raises, as gloo's."""
 
-    def __init__(self, future):
+    def __init__(self, future, p2p=False):
         super().__init__()
-        self.future = future
+        self.future, self.p2p, self.waited = future, p2p, False
 
     def wait(self, timeout=None):
         self.future.wait()  # raises what the router or the watchdog set
+        self.waited = True
         return True
 
     def is_completed(self):
-        return self.future.done()
+        # gloo's send and recv requests say "completed" only once waited for (measured, torch 2.13): code
+        # that drops requests it believes done must keep them here as it does in a notebook
+        return self.future.done() and (self.waited or not self.p2p)
 
     def is_success(self):
         return self.future.done() and self.exception() is None
@@ -149,8 +152,8 @@ class RoutedWork(dist.Work):
         return self.future
 
 
-def _work(future):
-    return RoutedWork(future)
+def _work(future, p2p=False):
+    return RoutedWork(future, p2p)
 
 
 def _copy_into(targets):
@@ -198,7 +201,7 @@ class RoutedGroup(dist.ProcessGroup):
         peer = self._other(dst)
         future, _ = _link.request({"k": "send", "group": self.members, "dst": peer, "tag": tag},
                                   tensors[:1], f"send to rank {peer}", lambda _: tensors)
-        return _work(future)
+        return _work(future, p2p=True)
 
     def recv(self, tensors, src, tag=0):
         check_peer("recv", src, self.size(), self.members)  # -1 would index the last member
@@ -207,7 +210,7 @@ class RoutedGroup(dist.ProcessGroup):
         t = tensors[0]
         future, _ = _link.request({"k": "recv", "group": self.members, "src": peer, "tag": tag,
                                    "numel": t.numel()}, (), f"recv from rank {peer}", _copy_into([t]))
-        return _work(future)
+        return _work(future, p2p=True)
 
     def recv_anysource(self, tensors, tag=0):
         raise RuntimeError("receiving from any source is not supported while grading: name the sender")
