@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch.futures import Future
 
-from dpcourse.comm.recorder import ForbiddenCollective, check_peer, note_routed_call
+from dpcourse.comm.recorder import ForbiddenCollective, check_peer, check_tensor_layout, note_routed_call
 from dpcourse.grading import wire
 
 BACKEND = "dpcourse-routed"
@@ -247,7 +247,9 @@ class RoutedGroup(dist.ProcessGroup):
         return self._collective("all_gather", inputs, outputs)
 
     def all_gather_single(self, output, input, opts=None):
-        """dist.all_gather_into_tensor (torch 2.13 calls the group's all_gather_single)."""
+        """dist.all_gather_into_tensor (torch 2.13 calls the group's all_gather_single); the layouts gloo
+        accepts, and no other (recorder.check_tensor_layout)."""
+        check_tensor_layout("all_gather_into_tensor", output, input, self.size())
         return self._collective("all_gather_into_tensor", [input], _rows(output, self.size()))
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
@@ -262,7 +264,9 @@ class RoutedGroup(dist.ProcessGroup):
         return self._collective("reduce_scatter", inputs, outputs, {"reduce": _reduce_op(opts)})
 
     def reduce_scatter_single(self, output, input, opts=None):
-        """dist.reduce_scatter_tensor (torch 2.13 calls the group's reduce_scatter_single)."""
+        """dist.reduce_scatter_tensor (torch 2.13 calls the group's reduce_scatter_single); the layouts gloo
+        accepts, and no other (recorder.check_tensor_layout)."""
+        check_tensor_layout("reduce_scatter_tensor", output, input, self.size())
         return self._collective("reduce_scatter_tensor", _rows(input, self.size()), [output],
                                 {"reduce": _reduce_op(opts)})
 
