@@ -30,14 +30,15 @@ How a stage is watched (StageWatch), so the learner's code needs no instrumentin
   * kept after its backward: autograd frees what it saved, but the stage's code may keep a
     micro-batch's input and output alive on its own (a dict entry never removed, the request
     of an isend never waited for, a detached copy). The watch follows the *memory* of each
-    micro-batch's input (unless it is a slice of the batch the rank was given) and of its
-    output: a weak reference to the tensor's storage, which lives as long as any tensor,
-    view, detached alias or pending send uses that memory. When a backward starts, every
-    micro-batch whose backward already ran must have let go of both ("lingering" otherwise);
-    a weak reference to the tensor object itself tells "your code still names it" from
-    "something shares its memory". What it cannot see: copies into new memory (`.clone()`,
-    `.tolist()`, numpy arrays made with a copy) -- a submission written to hide memory from
-    the check can; an honest one that forgets a dict entry or a request cannot.
+    micro-batch's input (on every stage but the first, whose input is the batch the caller
+    keeps anyway, however the stage slices or copies it) and of its output: a weak reference
+    to the tensor's storage, which lives as long as any tensor, view, detached alias or
+    pending send uses that memory. When a backward starts, every micro-batch whose backward
+    already ran must have let go of both ("lingering" otherwise); a weak reference to the
+    tensor object itself tells "your code still names it" from "something shares its
+    memory". What it cannot see: copies into new memory (`.clone()`, `.tolist()`, numpy
+    arrays made with a copy) -- a submission written to hide memory from the check can; an
+    honest one that forgets a dict entry or a request cannot.
 Which micro-batch a blocked message belongs to is inferred from the message count: stages
 forward micro-batches in order 0, 1, ..., and run their backwards in order 0, 1, ... in
 every schedule of notebook 07, so a stage's k-th message to (or from) a neighbour in one
@@ -197,7 +198,7 @@ class StageWatch:
         self.phase = f"in the forward of micro-batch {k}"
         self.events.append(["F", k, time.perf_counter(), None])
         for x in args:
-            if isinstance(x, torch.Tensor):
+            if isinstance(x, torch.Tensor) and not self.stage.is_first:  # stage 0's input is the batch's
                 self._follow(k, "input", x)
             if isinstance(x, torch.Tensor) and x.requires_grad:
                 x.register_hook(self._backward_progress(k))
