@@ -63,6 +63,11 @@ UNSTABLE = {
     # every rank's receive is refused; which refusal the launcher reports first varies
     ("04_ring_allreduce", "wrong_peer_broadcast_default_group_bypass", "test_ring_reduce_scatter_edge_cases"):
         "message",
+    # both stages run out of micro-batches (split(m) gives fewer than m) at once; which one is named varies
+    ("07_pipeline_parallelism", "split_instead_of_tensor_split", "test_gpipe_step_basic"): "message",
+    # both ranks' backward returns a gradient of the wrong shape at once; which one the launcher names varies
+    ("08_tensor_parallelism", "gather_backward_returns_the_whole_gradient", "test_gather_from_tp_basic"):
+        "message",
 }
 
 

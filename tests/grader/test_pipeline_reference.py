@@ -75,7 +75,8 @@ def gpipe_order(n_stages, n_micro, stage):
 @exercise("one_f_one_b", "partition_layers")
 def test_the_hidden_checks_refuse_wrong_answers_by_name():
     with pytest.raises(AssertionError, match=r"one_f_one_b\(1, 2, 0\) returned F0 F1 B0 B1, expected "
-                                             r"F0 B0 F1 B1: 0 warm-up forward\(s\)"):
+                                             r"F0 B0 F1 B1: step 2 is F1 where B0 was expected \(0 warm-up "
+                                             r"forward\(s\)"):
         check_one_f_one_b(gpipe_order)
     with pytest.raises(AssertionError, match="whose slowest stage costs"):
         check_partition_layers(lambda costs, p: [round(s * len(costs) / p) for s in range(p + 1)])

@@ -221,3 +221,22 @@ def test_a_function_returning_its_input_is_told_apart_from_a_copy():
 
     assert run_p2p(same, [torch.ones(2)], exercise="same")[0].aliases_input
     assert not run_p2p(copy, [torch.ones(2)], exercise="copy")[0].aliases_input
+
+
+def off_by_one(x):
+    """Every rank receives from rank - 1 and sends to rank + 1, without the modulo."""
+    rank = dist.get_rank()
+    work = dist.isend(x, rank + 1)
+    dist.recv(x, rank - 1)
+    work.wait()
+    return x
+
+
+def test_a_peer_that_does_not_exist_is_named_on_every_rank_that_used_it(no_orphans):
+    inputs = [torch.full((2,), float(r)) for r in range(3)]
+    with pytest.raises(AssertionError) as error:
+        run_p2p(off_by_one, inputs, exercise="shift", group_timeout=2)
+    message = str(error.value)
+    assert message.startswith("shift named a rank that does not exist in a send or recv, on ranks 0 and 2:")
+    assert "rank 0: recv from rank -1: there is no rank -1 (the ranks are 0 to 2)" in message
+    assert "rank 2: send to rank 3: there is no rank 3" in message and "rank 1:" not in message

@@ -123,3 +123,48 @@ def test_collectives_with_outputs_record_their_inputs_bytes_and_their_group():
     for ops in launch(gathers_and_scatters, 3, group_timeout=5)[1:]:
         assert [(o.op, o.nbytes, o.group) for o in ops] == [
             ("all_gather", 24, (1, 2)), ("reduce_scatter", 24, (1, 2)), ("all_to_all", 16, (1, 2))]
+
+
+def receive_from(peer):
+    """A receive from a rank that does not exist, under the recorder: refused before gloo sees it."""
+    with CommRecorder(p2p_only=True, exercise="ring"):
+        dist.recv(torch.zeros(2), peer)
+
+
+@pytest.mark.parametrize("peer", [-1, 2])
+def test_a_peer_outside_the_group_is_refused_before_the_backend(peer):
+    # gloo given rank -1 can crash the process ("double free or corruption"); the router would read -1
+    # as the last rank: neither may see it
+    with pytest.raises(LaunchError, match=rf"PeerError: recv from rank {peer}: there is no rank "
+                                          rf"{peer} \(the ranks are 0 to 1\)"):
+        launch(receive_from, 2, peer, group_timeout=5)
+
+
+def gather_stacked(kind):
+    import warnings
+
+    warnings.simplefilter("ignore", FutureWarning)  # torch 2.13 calls both names deprecated
+    n = dist.get_world_size()
+    with CommRecorder(exercise="gather"):
+        if kind == "stacked":
+            dist.all_gather_into_tensor(torch.empty(n, 3, 2), torch.ones(3, 2))
+        elif kind == "flat input":
+            dist.reduce_scatter_tensor(torch.empty(3, 2), torch.ones(n * 6))
+        else:
+            out = torch.empty(n * 3, 2)
+            dist.all_gather_into_tensor(out, torch.ones(3, 2))
+            dist.reduce_scatter_tensor(torch.empty(3, 2), out)
+    return "ok"
+
+
+@pytest.mark.parametrize("kind, message", [
+    ("stacked", r"all_gather_into_tensor on 2 ranks: its output must hold the 2 pieces one after the other "
+                r"along dim 0, shape \(6, 2\) for pieces of shape \(3, 2\); got \(2, 3, 2\)"),
+    ("flat input", r"reduce_scatter_tensor on 2 ranks: its input must hold the 2 pieces one after the other "
+                   r"along dim 0, shape \(6, 2\) for pieces of shape \(3, 2\); got \(12,\)"),
+])
+def test_a_tensor_layout_gloo_refuses_or_crashes_on_is_refused_first_with_the_layout_it_takes(kind, message):
+    # gloo raises "invalid tensor size" for the first and kills the process for the second (measured)
+    with pytest.raises(LaunchError, match=message):
+        launch(gather_stacked, 2, kind, group_timeout=5)
+    assert launch(gather_stacked, 2, "concatenated") == ["ok", "ok"]

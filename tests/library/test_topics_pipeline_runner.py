@@ -14,6 +14,8 @@ from dpcourse.topics.pipeline.checks import (
     expect_order,
     expect_pipeline_step,
     expect_pipeline_traffic,
+    expect_released,
+    expect_schedule,
     reference_step,
 )
 from dpcourse.topics.pipeline.runner import PipelineCase, by_stage, run_pipeline, run_pipeline_cases
@@ -30,8 +32,10 @@ X = torch.randn(6, 4, generator=g, dtype=torch.float64)
 Y = torch.randn(6, 3, generator=g, dtype=torch.float64)
 
 
-def scheduled_step(stage, batch, targets, loss_fn, schedule, scale=True, blocking=False):
-    """A correct executor of any schedule (blocking=True: sends wait, which deadlocks 1F1B)."""
+def scheduled_step(stage, batch, targets, loss_fn, schedule, scale=True, blocking=False, keep=False,
+                   other_stages=None):
+    """A correct executor of any schedule (blocking=True: sends wait, which deadlocks 1F1B; keep=True:
+    finished micro-batches stay in the dict; other_stages: what the stages but the last return)."""
     m = sum(1 for kind, _ in schedule if kind == "F")
     xs, ys = batch.tensor_split(m), targets.tensor_split(m)
     held, sends, total = {}, [], 0.0
@@ -52,7 +56,7 @@ def scheduled_step(stage, batch, targets, loss_fn, schedule, scale=True, blockin
                 sends.append(dist.isend(out.detach(), stage.next))
             held[i] = (x, out)
         else:
-            x, out = held.pop(i)
+            x, out = held[i] if keep else held.pop(i)
             if stage.is_last:
                 out.backward()
             else:
@@ -66,7 +70,7 @@ def scheduled_step(stage, batch, targets, loss_fn, schedule, scale=True, blockin
                     sends.append(dist.isend(x.grad, stage.prev))
     for work in sends:
         work.wait()
-    return total if stage.is_last else None
+    return total if stage.is_last else other_stages
 
 
 def gpipe(n_stages, n_micro, stage):
@@ -212,3 +216,132 @@ def test_bad_cases_are_refused_before_launching():
         run_pipeline(scheduled_step, PipelineCase(MODEL, [0, 3, 5], X, Y, n_micro=4), exercise="step")
     with pytest.raises(ValueError, match="2 different ranks"):
         run_pipeline(scheduled_step, PipelineCase(MODEL, [0, 3, 5], X, Y, placement=[1, 1]), exercise="step")
+
+
+def test_only_the_last_stage_returns_a_value():
+    case = PipelineCase(MODEL, [0, 3, 5], X, Y, n_micro=3, schedule=gpipe)
+    calls = run_pipeline(partial(scheduled_step, other_stages=0.0), case, exercise="step")
+    with pytest.raises(AssertionError,
+                       match=r"stage 0 \(rank 0\) returned 0: every stage but the last must return None"):
+        expect_pipeline_step(calls, case, "zero")
+
+
+def test_what_a_finished_micro_batch_keeps_is_found_and_its_cause_named():
+    """scheduled_step waits for its sends at the end: each request keeps the activation it sent; kept in
+    the dict, the tensors are still named by the learner's code."""
+    case = PipelineCase(MODEL, [0, 3, 5], X, Y, schedule=ONE_F_ONE_B)
+    calls = run_pipeline(scheduled_step, case, exercise="step")
+    expect_held(calls, case, "1F1B", [2, 1], at_most=True)  # autograd's saved tensors are freed
+    shared = (r"stage 0 \(rank 0\): when the backward of micro-batch 1 started, micro-batch 0, whose "
+              r"backward had already run, still had its output alive -- ")
+    with pytest.raises(AssertionError, match=shared + r"no name of yours holds it, but something shares its "
+                                                      r"memory: the request of a dist.isend"):
+        expect_released(calls, case, "requests")
+    calls = run_pipeline(partial(scheduled_step, keep=True), case, exercise="step")
+    with pytest.raises(AssertionError, match=shared + r"your code still refers to its output tensor"):
+        expect_released(calls, case, "dict")
+    assert calls[1].observed["lingering"][0] == [1, 0, ["input"], ["input"]]  # the last stage: its input
+
+
+def releasing_step(stage, batch, targets, loss_fn, schedule):
+    """scheduled_step that waits for each send before the next one in its direction (the exercise's rule)."""
+    m = sum(1 for kind, _ in schedule if kind == "F")
+    xs, ys = batch.tensor_split(m), targets.tensor_split(m)
+    held, pending, total = {}, {}, 0.0
+
+    def send(direction, tensor, peer):
+        if direction in pending:
+            pending.pop(direction).wait()
+        pending[direction] = dist.isend(tensor, peer)
+
+    for kind, i in schedule:
+        if kind == "F":
+            x = xs[i]
+            if not stage.is_first:
+                x = torch.empty(len(xs[i]), stage.in_features, dtype=stage.dtype)
+                dist.recv(x, stage.prev)
+                x.requires_grad_()
+            out = stage.module(x)
+            if stage.is_last:
+                out = loss_fn(out, ys[i]) / m
+                total += out.item()
+            else:
+                send("forward", out.detach(), stage.next)
+            held[i] = (x, out)
+        else:
+            x, out = held.pop(i)
+            if stage.is_last:
+                out.backward()
+            else:
+                grad = torch.empty_like(out)
+                dist.recv(grad, stage.next)
+                out.backward(grad)
+            if not stage.is_first:
+                send("backward", x.grad, stage.prev)
+    for work in pending.values():
+        work.wait()
+    return total if stage.is_last else None
+
+
+def test_a_step_that_lets_finished_micro_batches_go_passes_after_a_warm_up_too():
+    table = ["F0 F1 F2 F3 B0 F4 B1 F5 B2 B3 B4 B5", "F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 B4 B5",
+             "F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 B5", "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5"]
+    wide = partial(layer_stack, [4, 8, 8, 8, 3], seed=0)
+    X12 = torch.randn(12, 4, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    Y12 = torch.randn(12, 3, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    cases = [PipelineCase(wide, [0, 1, 3, 5, 7], X12, Y12, schedule=[parse_order(t) for t in table],
+                          placement=[2, 0, 3, 1], warmup=1),
+             PipelineCase(wide, [0, 1, 3, 5, 7], X12, Y12, schedule=gpipe, n_micro=4, warmup=1)]
+    for case, calls in zip(cases, run_pipeline_cases(releasing_step, cases, exercise="step"), strict=True):
+        expect_pipeline_step(calls, case, "releasing")
+        expect_released(calls, case, "releasing")
+    expect_held(calls, cases[1], "gpipe", [4, 4, 4, 4])
+
+
+def off_by_one_neighbours(stage, batch, targets, loss_fn):
+    """Neighbours computed from the rank: stage 1 on rank 0 receives from rank -1."""
+    rank = dist.get_rank()
+    x = batch
+    if not stage.is_first:
+        x = torch.empty(len(batch), stage.in_features, dtype=stage.dtype)
+        dist.recv(x, rank - 1)
+    out = stage.module(x)
+    if not stage.is_last:
+        dist.send(out.detach(), rank + 1)
+
+
+def test_a_neighbour_that_does_not_exist_is_refused_on_every_stage_that_named_it():
+    case = PipelineCase(MODEL, [0, 1, 2, 5], X, Y, placement=[2, 0, 1])
+    with pytest.raises(AssertionError) as error:
+        run_pipeline(off_by_one_neighbours, case, exercise="step", group_timeout=2)
+    message = str(error.value)
+    assert message.startswith("step named a rank that does not exist in a send or recv, on ranks 0 and 2:")
+    assert ("rank 0, stage 1 before its first forward: recv from rank -1: there is no rank -1 (the ranks are "
+            "0 to 2) -- stage 1 runs on rank 0; its neighbours are stage.prev = 2 and stage.next = 1 (world "
+            "ranks): name them by stage.prev and stage.next, not rank - 1 and rank + 1") in message
+    assert "rank 2, stage 0 after the forward of micro-batch 0: send to rank 3" in message
+
+
+def test_a_deadlock_on_a_non_neighbour_advises_the_neighbours_not_isend():
+    def waits_on_a_stranger(stage, batch, targets, loss_fn):
+        if stage.index == 1:  # waits for its activation from the last stage's rank, not stage 0's
+            dist.recv(torch.empty(len(batch), stage.in_features, dtype=stage.dtype), stage.ranks[-1])
+
+    case = PipelineCase(MODEL, [0, 1, 2, 3, 5], X, Y)
+    with pytest.raises(AssertionError) as error:
+        run_pipeline(waits_on_a_stranger, case, exercise="step", group_timeout=2)
+    message = str(error.value)
+    assert "is not a neighbour of stage 1" in message and "not rank - 1 and rank + 1" in message
+    assert "dist.isend" not in message
+
+
+def test_schedules_are_compared_in_the_texts_notation_at_the_first_difference():
+    expect_schedule([("F", 0), ("B", 0)], parse_order("F0 B0"), "f()")
+    with pytest.raises(AssertionError, match=r"f\(\) returned F0 B0 F1 B1, expected F0 F1 B0 B1: step 2 is "
+                                             r"B0 where F1 was expected \(why\)"):
+        expect_schedule([("F", 0), ("B", 0), ("F", 1), ("B", 1)], parse_order("F0 F1 B0 B1"), "f()",
+                        rule=" (why)")
+    with pytest.raises(AssertionError, match=r"step 3 is missing where B1 was expected"):
+        expect_schedule([["F", 0], ["B", 0]], parse_order("F0 B0 B1"), "f()")
+    with pytest.raises(AssertionError, match=r"f\(\) returned 'F0 B0': expected a list of"):
+        expect_schedule("F0 B0", parse_order("F0 B0"), "f()")

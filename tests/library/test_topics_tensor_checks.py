@@ -155,11 +155,19 @@ def test_training_is_compared_slice_by_slice_with_the_unsharded_module():
 def test_a_learner_exception_names_the_exercise_the_case_and_the_rank():
     from dpcourse import LaunchError
 
-    def broken(x, group=None):
+    def not_written(x, group=None):
         raise NotImplementedError()
 
-    with pytest.raises(LaunchError, match=r"f \(test case\) raised on rank \d: NotImplementedError"):
-        run_operator_cases(broken, 4, [operator_case()], exercise="f")
+    with pytest.raises(LaunchError, match=r"raised NotImplementedError: f \(test case\)"):
+        run_operator_cases(not_written, 4, [operator_case()], exercise="f")  # the same on every rank: no race
+
+    def sliced_by_world_rank(x, group=None):
+        return x.chunk(dist.get_world_size(group), dim=-1)[dist.get_rank()]
+
+    both = (r"f \(test case\) raised on the ranks of group \[2, 3\] whose world rank is 2 or more: "
+            r"IndexError: .* -- a group of 2 has slices 0 to 1: was the index the world rank")
+    with pytest.raises(LaunchError, match=both):
+        run_operator_cases(sliced_by_world_rank, 4, [operator_case()], exercise="f")
 
 
 @exercise("copy_to_tp", "reduce_from_tp", "gather_from_tp")
@@ -192,3 +200,114 @@ def test_attention_with_every_head_on_every_rank_is_named():
     runs = run_module_cases(AttentionWithAllHeadsOnEveryRank, 2, [case], exercise="a")[0]
     with pytest.raises(AssertionError, match="each rank computed all 4 heads on its slice of qkv"):
         expect_module(runs, case, ATTENTION, "a", wrong=attention_mistakes(case))
+
+
+class _InPlace(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+def f_reducing_in_place(x, group=None):
+    return _InPlace.apply(x, group)
+
+
+def test_a_backward_that_changes_the_gradient_it_was_handed_is_named():
+    case = operator_case()
+    runs = run_operator_cases(f_reducing_in_place, 4, [case], exercise="f")[0]
+    with pytest.raises(AssertionError, match=r"f: rank 0's backward changed the gradient it was handed, in "
+                                             r"place"):
+        expect_operator(runs, case, f_semantics(case, 4), "f", F_RULE)
+
+
+class ColumnOfViews(tp.ColumnParallelLinear):
+    """Right values, but its weight is a view of the unsharded layer's."""
+
+    def __init__(self, linear, group=None, gather_output=False):
+        super().__init__(linear, group, gather_output)
+        n, r = dist.get_world_size(group), dist.get_rank(group)
+        rows = linear.out_features // n
+        self.weight = nn.Parameter(linear.weight.data[r * rows:(r + 1) * rows])
+
+
+def test_a_slice_that_is_a_view_of_the_unsharded_weight_is_named():
+    case = dict(column_case(gather_output=False), output="parallel")
+    runs = run_module_cases(ColumnOfViews, 2, [case], exercise="column")[0]
+    with pytest.raises(AssertionError, match=r"rank 0's weight is a view of the unsharded module's "
+                                             r"parameter, not a copy: it keeps all 96 values of the full "
+                                             r"tensor alive for its 48"):
+        expect_module(runs, case, COLUMN, "column")
+
+
+class ColumnWithoutAReason(tp.ColumnParallelLinear):
+    def __init__(self, linear, group=None, gather_output=False):
+        if linear.out_features % dist.get_world_size(group):
+            raise ValueError("cannot split")
+        super().__init__(linear, group, gather_output)
+
+
+class ColumnDroppingTheRemainder(nn.Module):
+    def __init__(self, linear, group=None, gather_output=False):
+        super().__init__()
+        rows = linear.out_features // dist.get_world_size(group)
+        self.weight = nn.Parameter(linear.weight.detach()[:rows].clone())
+
+
+def test_a_refusal_must_be_a_value_error_that_gives_the_numbers():
+    from dpcourse.topics.tensor.checks import expect_refusal
+
+    ten = dict(full=("linear", dict(in_features=8, out_features=10, seed=1)), options={}, groups=None,
+               refuse=True, label="10 on 4")
+    numbers = {"output features": 10, "ranks": 4}
+    for cls, message in ((tp.ColumnParallelLinear, None),
+                         (ColumnWithoutAReason, r"a ValueError, but its message should say why, giving "
+                                                r"the numbers 10 \(output features\) and 4 \(ranks\) "
+                                                r"\(the rule\)"),
+                         (ColumnDroppingTheRemainder, r"rank 0 built the module: expected a ValueError "
+                                                      r"\(the rule\)")):
+        runs = run_module_cases(cls, 4, [ten], exercise="column")[0]
+        if message is None:
+            expect_refusal(runs, "column", numbers, "the rule")
+        else:
+            with pytest.raises(AssertionError, match=message):
+                expect_refusal(runs, "column", numbers, "the rule")
+
+
+def test_a_block_on_a_broken_layer_sends_the_learner_back_to_the_layer():
+    from dpcourse.topics.tensor.checks import built_on
+
+    with pytest.raises(AssertionError, match=r"the MLP is built on your ColumnParallelLinear \(exercise 4\), "
+                                             r"which fails its own test: fix ColumnParallelLinear first"):
+        with built_on("the MLP", copy_to_tp=tp.copy_to_tp, ColumnParallelLinear=ColumnOfViews):
+            raise AssertionError("the MLP's own failure")
+    with pytest.raises(AssertionError, match="^the MLP's own failure$"):  # the layers pass: its own message
+        with built_on("the MLP", copy_to_tp=tp.copy_to_tp, RowParallelLinear=tp.RowParallelLinear):
+            raise AssertionError("the MLP's own failure")
+
+
+class AttentionHeadsOverTheWorld(tp.TensorParallelAttention):
+    def __init__(self, attention, group=None):
+        super().__init__(attention, group)
+        self.heads = attention.n_heads // dist.get_world_size()
+
+
+def test_a_training_forward_wrong_from_the_start_is_explained_by_its_first_output():
+    from dpcourse.topics.tensor.checks import ATTENTION, attention_mistakes
+
+    case = dict(full=("attention", dict(d_model=8, n_heads=4, seed=21)), groups=GROUPS, lr=0.2,
+                batches=[(inputs((2, 3, 8), seed=22 + s), inputs((2, 3, 8), seed=32 + s)) for s in range(2)],
+                label="training")
+    runs = run_training(AttentionHeadsOverTheWorld, 4, case, exercise="attention")
+    with pytest.raises(AssertionError, match=r"the loss of step 0, before any update, is .* the forward "
+                                             r"already differs from the unsharded module's -- each rank "
+                                             r"computed 1 head\(s\), n_heads / N with N the world's 4 ranks"):
+        expect_training(runs, case, ATTENTION, "attention", wrong=attention_mistakes)
+    runs = run_training(tp.TensorParallelAttention, 4, case, exercise="attention")
+    assert [run.rank for run in runs] == [0, 1, 2, 3]  # every rank is judged, not rank 0 alone
+    expect_training(runs, case, ATTENTION, "attention", wrong=attention_mistakes)

@@ -4,7 +4,8 @@ Yardsticks, all independent of the learner's code:
   * partition_layers: every contiguous partition tried (brute force, at most 8 layers);
   * the pipeline steps: one process running the whole float64 model on the whole batch
     (dpcourse.topics.pipeline.checks.reference_step), the message counts and sizes a pipeline is
-    defined by, and the activations autograd really kept (runner.StageWatch);
+    defined by, the activations autograd really kept, and the memory of each finished
+    micro-batch's input and output (runner.StageWatch); only the last stage returns a value;
   * one_f_one_b: `reference_one_f_one_b` below, written after Megatron-LM's
     forward_backward_pipelining_without_interleaving (warm-up min(p - s - 1, m) forwards,
     then one forward and one backward, then the remaining backwards), which
@@ -28,9 +29,11 @@ from dpcourse.topics.pipeline.checks import (
     expect_order,
     expect_pipeline_step,
     expect_pipeline_traffic,
+    expect_released,
+    expect_schedule,
 )
 from dpcourse.topics.pipeline.runner import PipelineCase, run_pipeline_cases
-from dpcourse.topics.pipeline.schedules import format_order, gpipe_schedule
+from dpcourse.topics.pipeline.schedules import gpipe_schedule
 from dpcourse.topics.pipeline.stages import layer_stack
 
 # What each exercise's expected values come from (autograder/exercises.json lists them).
@@ -44,7 +47,8 @@ REFERENCES = {
     "one_f_one_b": "reference_one_f_one_b (Megatron-LM's warm-up, steady state, cool-down), checked against "
                    "torch's Schedule1F1B",
     "run_schedule": "one process running the whole float64 model on the whole batch; the order a schedule "
-                    "lists, and the activations autograd kept",
+                    "lists, the activations autograd kept, and the memory a finished micro-batch still holds "
+                    "(StageWatch)",
 }
 
 GROUP_TIMEOUT = TIMEOUTS["p2p_deadlock"]
@@ -197,26 +201,19 @@ def check_one_f_one_b(one_f_one_b):
     for p in range(1, 6):
         for m in range(1, 9):
             for s in range(p):
-                call = f"one_f_one_b({p}, {m}, {s})"
-                got = one_f_one_b(p, m, s)
-                expected = reference_one_f_one_b(p, m, s)
-                try:
-                    same = [tuple(a) for a in got] == expected
-                except TypeError:
-                    same = False
-                if not same:
-                    shown = format_order(got) if isinstance(got, list) and all(
-                        isinstance(a, (tuple, list)) and len(a) == 2 for a in got) else repr(got)[:200]
-                    raise AssertionError(f"{call} returned {shown}, expected {format_order(expected)}: "
-                                         f"{min(p - s - 1, m)} warm-up forward(s) (min(p - s - 1, m)), then "
-                                         f"one forward and one backward at a time, then the remaining "
-                                         f"backwards")
+                expect_schedule(one_f_one_b(p, m, s), reference_one_f_one_b(p, m, s),
+                                f"one_f_one_b({p}, {m}, {s})",
+                                rule=f" ({min(p - s - 1, m)} warm-up forward(s): min(p - s - 1, m), then one "
+                                     f"forward and one backward at a time, then the remaining backwards)")
 
 
 # --------------------------------------------------------------------------- 5. run_schedule
 
 ONE_F_ONE_B_RULE = (" (1F1B: a micro-batch's activations are freed by its backward, which comes at most "
                     "p - s forwards after its own)")
+
+
+RELEASE_RULE = " (keep each micro-batch's input and output until its backward, and no longer)"
 
 
 def check_run_schedule(run_schedule):
@@ -233,3 +230,4 @@ def check_run_schedule(run_schedule):
         expect_order(calls, case, what, case.schedule, rule=" (run the actions in the order given)")
         held = [m] * p if gpipe else [min(p - s, m) for s in range(p)]
         expect_held(calls, case, what, held, at_most=True, rule="" if gpipe else ONE_F_ONE_B_RULE)
+        expect_released(calls, case, what, rule=RELEASE_RULE)

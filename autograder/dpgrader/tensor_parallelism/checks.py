@@ -6,7 +6,10 @@ computed here, in the test cell's process: torch.distributed's semantics written
 operators (checks.*_semantics), the unsharded float64 module for the layers, and the same
 module trained in one process for training. Cases cover N = 1, 2 and 4, sub-groups of 4 ranks
 ([0, 1] and [2, 3], then [0, 2] and [1, 3]: an all-reduce on the whole world, or a slice taken
-by world rank, is caught by who took part), bias on and off, 2-D and 3-D inputs.
+by world rank, is caught by who took part), bias on and off, 2-D and 3-D inputs, and feature or
+head counts that N does not divide (a ValueError whose message gives both numbers). Every module
+check also refuses parameters that are views of the unsharded module's, and every operator check
+a backward that changes the gradient it was handed.
 """
 
 import torch
@@ -20,6 +23,7 @@ from dpcourse.topics.tensor.checks import (
     column_mistakes,
     expect_module,
     expect_operator,
+    expect_refusal,
     expect_training,
     f_semantics,
     g_semantics,
@@ -113,15 +117,36 @@ def _layer_cases(world, kind, seed):
     return cases
 
 
+def _refusal_cases(world, kind, seed):
+    """Layouts the constructor must refuse: feature counts that N = world does not divide."""
+    count = {2: 5, 4: 10}.get(world)
+    if count is None:
+        return []
+    column = kind == "column"
+    features = dict(in_features=8, out_features=count) if column else dict(in_features=count, out_features=6)
+    options = dict(gather_output=False) if column else dict(input_is_parallel=True)
+    label = f"{count} {'output' if column else 'input'} features on {world} ranks"
+    return [dict(full=("linear", dict(features, seed=seed)), options=options, groups=None, refuse=True,
+                 count=count, label=label)]
+
+
+REFUSE_RULE = "when N does not divide the {} features, raise a ValueError that gives both numbers"
+
+
 def _activation_bytes(case):
     return case["dy"].numel() * F64
 
 
 def check_column_parallel_linear(ColumnParallelLinear):
     for world in WORLDS:
-        cases = _layer_cases(world, "column", seed=30 + world)
+        cases = _layer_cases(world, "column", seed=30 + world) + _refusal_cases(world, "column", 30 + world)
         runs = run_module_cases(ColumnParallelLinear, world, cases, exercise="ColumnParallelLinear")
         for case, case_runs in zip(cases, runs, strict=True):
+            if case.get("refuse"):
+                expect_refusal(case_runs, f"ColumnParallelLinear of {case['label']}",
+                               {"output features": case["count"], "ranks": world},
+                               REFUSE_RULE.format("output"))
+                continue
             gather = case["options"]["gather_output"]
             expect_module(case_runs, case, COLUMN, f"ColumnParallelLinear on {case['label']}",
                           forward=[(("all_gather", "all_gather_into_tensor"), None)] if gather else [],
@@ -133,9 +158,14 @@ def check_column_parallel_linear(ColumnParallelLinear):
 
 def check_row_parallel_linear(RowParallelLinear):
     for world in WORLDS:
-        cases = _layer_cases(world, "row", seed=50 + world)
+        cases = _layer_cases(world, "row", seed=50 + world) + _refusal_cases(world, "row", 50 + world)
         runs = run_module_cases(RowParallelLinear, world, cases, exercise="RowParallelLinear")
         for case, case_runs in zip(cases, runs, strict=True):
+            if case.get("refuse"):
+                expect_refusal(case_runs, f"RowParallelLinear of {case['label']}",
+                               {"input features": case["count"], "ranks": world},
+                               REFUSE_RULE.format("input"))
+                continue
             parallel = case["options"]["input_is_parallel"]
             expect_module(case_runs, case, ROW, f"RowParallelLinear on {case['label']}",
                           forward=[("all_reduce", _activation_bytes(case))],
@@ -163,11 +193,27 @@ def _block_cases(world, kind, seed):
 ONE_EACH_WAY = "exactly one all-reduce forward (g) and one backward (f), of the block's input size"
 
 
+def _head_refusals(world):
+    """Attention layouts that must be refused: head counts that N = world does not divide."""
+    heads = {2: 3, 4: 2}.get(world)
+    if heads is None:
+        return []
+    return [dict(full=("attention", dict(d_model=2 * heads, n_heads=heads, seed=world)), groups=None,
+                 refuse=True, heads=heads, label=f"{heads} heads on {world} ranks")]
+
+
 def _check_block(cls, kind, layout, exercise):
     for world in WORLDS:
-        cases = _block_cases(world, kind, seed=70 + world)
+        cases = _block_cases(world, kind, seed=70 + world) + (_head_refusals(world) if kind == "attention"
+                                                              else [])
         runs = run_module_cases(cls, world, cases, exercise=exercise)
         for case, case_runs in zip(cases, runs, strict=True):
+            if case.get("refuse"):
+                expect_refusal(case_runs, f"{exercise} of {case['label']}",
+                               {"heads": case["heads"], "ranks": world},
+                               "when N does not divide the number of heads, raise a ValueError that gives "
+                               "both numbers")
+                continue
             size = [("all_reduce", case["x"].numel() * F64)]
             expect_module(case_runs, case, layout, f"{exercise} on {case['label']}", forward=size,
                           backward=size, rule=ONE_EACH_WAY,
@@ -181,7 +227,8 @@ def _check_block(cls, kind, layout, exercise):
         size = [("all_reduce", torch.Size(shape).numel() * F64)]
         expect_training(run_training(cls, world, case, exercise=exercise), case, layout,
                         f"{exercise}, 4 SGD steps on {_groups_label(groups, world)}, bias={bias}",
-                        forward=size, backward=size, rule=ONE_EACH_WAY)
+                        forward=size, backward=size, rule=ONE_EACH_WAY,
+                        wrong=attention_mistakes if kind == "attention" else None)
 
 
 def check_tensor_parallel_mlp(TensorParallelMLP):

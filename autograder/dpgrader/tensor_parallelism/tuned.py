@@ -166,7 +166,9 @@ class RowParallelLinear(nn.Module):
         super().__init__()
         self.group, self.input_is_parallel = group, input_is_parallel
         cols = _split(linear.in_features, group, "in_features")
-        self.weight = nn.Parameter(linear.weight.detach()[:, cols].contiguous())
+        # a copy, contiguous: on one rank the slice is the whole weight, and .contiguous() would return it
+        self.weight = nn.Parameter(
+            linear.weight.detach()[:, cols].clone(memory_format=torch.contiguous_format))
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone())
 
     def forward(self, x):

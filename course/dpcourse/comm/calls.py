@@ -35,7 +35,7 @@ import torch.distributed as dist
 
 from dpcourse.backend import rank_device
 from dpcourse.comm.provenance import expect_derived
-from dpcourse.comm.recorder import CommOp, CommRecorder, ForbiddenCollective
+from dpcourse.comm.recorder import CommOp, CommRecorder, ForbiddenCollective, PeerError
 from dpcourse.runtime.failures import LaunchError
 from dpcourse.runtime.inside_rank import to_cpu
 from dpcourse.runtime.launcher import (
@@ -69,6 +69,7 @@ class Call:
     ops: list = field(default_factory=list)  # CommOp list: op, peer (group rank), nbytes
     stuck: str | None = None  # "in recv from rank 3 (`dist.recv(buf, left)`)" after a timeout
     forbidden: str | None = None  # the ForbiddenCollective message
+    bad_peer: str | None = None  # a send/recv to a rank that does not exist (refused before the backend)
     observed: dict | None = None  # what a Prepared.watch saw in the rank (None without one)
     aliases_input: bool = False  # the result shares memory with the rank's input (x itself, a view)
 
@@ -135,10 +136,12 @@ def run_cases(fn, world_size, cases, *, exercise, group_timeout=GROUP_TIMEOUT, d
     fn's arguments instead of handing fn its input tensor (the case then needs no `inputs`);
     None makes the rank sit the case out (cases of different sizes share one launch).
     describe: `describe(call, case) -> str`, one line per rank in a deadlock message.
-    advice: what a deadlock message advises, in place of the ring exercises' advice.
+    advice: what a deadlock message advises, in place of the ring exercises' advice: a string, or
+    `advice(group, case) -> str` given the Calls of the ranks that took part (to advise by diagnosis).
     """
     describe_case = (lambda case: None) if describe is None else (
         lambda case: lambda call: describe(call, case))
+    advise = (lambda case: lambda group: advice(group, case)) if callable(advice) else (lambda case: advice)
     if current_runner() is not None:  # graded: one launch per case, traffic as the router saw it
         for case in cases:
             mine = per_rank([[own_part(case, rank)] for rank in range(world_size)])
@@ -150,7 +153,8 @@ def run_cases(fn, world_size, cases, *, exercise, group_timeout=GROUP_TIMEOUT, d
                 if reports:
                     reports[0]["ops"] = None
             calls = _calls_of(case, [r[0] if r else None for r in per_rank_reports], traffic)
-            _raise_problems(calls, exercise, case.get("label"), group_timeout, describe_case(case), advice)
+            _raise_problems(calls, exercise, case.get("label"), group_timeout, describe_case(case),
+                            advise(case))
             if isinstance(case, dict) and case.get("inputs") is not None:
                 what = exercise + (f" ({case['label']})" if case.get("label") else "")
                 check_after_cell(functools.partial(expect_derived, calls, list(case["inputs"]),
@@ -162,7 +166,8 @@ def run_cases(fn, world_size, cases, *, exercise, group_timeout=GROUP_TIMEOUT, d
     for index, case in enumerate(cases):
         reports = [rank_reports[index] if index < len(rank_reports) else None for rank_reports in everyone]
         calls = _calls_of(case, reports, None)
-        _raise_problems(calls, exercise, case.get("label"), group_timeout, describe_case(case), advice)
+        _raise_problems(calls, exercise, case.get("label"), group_timeout, describe_case(case),
+                        advise(case))
         yield calls
 
 
@@ -201,6 +206,7 @@ def _calls_of(case, reports, traffic):
         call.group_rank, call.group_members = members.index(rank), members
         call.result, call.after = report.get("result"), report.get("after")
         call.stuck, call.forbidden = report.get("stuck"), report.get("forbidden")
+        call.bad_peer = report.get("bad_peer")
         call.observed = report.get("observed")
         call.aliases_input = bool(report.get("aliases_input"))
         if traffic is not None:
@@ -251,12 +257,21 @@ def _rank_side(fn, cases, exercise, prepare=None):
                 report["result"] = fn(*args, **kwargs)
         except ForbiddenCollective as exc:
             report["forbidden"] = str(exc)
+        except PeerError as exc:  # reported by every rank that made it, in rank order: no race to blame
+            where = f"rank {rank}, {watch.where()}" if watch is not None and hasattr(watch, "where") else \
+                f"rank {rank}"
+            hint = watch.hint(exc) if watch is not None and hasattr(watch, "hint") else ""
+            report["bad_peer"] = f"{where}: {exc}{hint}"
         except Exception as exc:  # a timeout or a vanished peer is a deadlock; anything else is a bug
             if isinstance(exc, RuntimeError) and "Pair is not connected" in str(exc):
                 raise RuntimeError(f"{exercise}: rank {rank} sent to or received from itself (gloo: \"Pair "
                                    f"is not connected\"): a rank has no connection to itself; on a single "
                                    f"rank there is nobody to talk to") from exc
             if not (isinstance(exc, RuntimeError) and WAITED.search(str(exc))):
+                if watch is not None and isinstance(exc, NotImplementedError):
+                    # the same message on every rank, so no race on which rank a grade names (the launcher
+                    # adds "not written yet")
+                    raise NotImplementedError(exercise) from exc
                 if watch is not None and hasattr(watch, "where"):
                     hint = watch.hint(exc) if hasattr(watch, "hint") else ""
                     raise RuntimeError(f"{exercise} on rank {rank}, {watch.where()}: "
@@ -269,7 +284,7 @@ def _rank_side(fn, cases, exercise, prepare=None):
         report["ops"] = [[o.op, o.peer, o.nbytes, o.start, o.end, o.group] for o in recorder.ops]
         report["aliases_input"] = _shares_memory(report.get("result"), x)
         report["result"], report["after"] = to_cpu(report.get("result")), to_cpu(x)
-        if report.get("stuck") or report.get("forbidden"):
+        if report.get("stuck") or report.get("forbidden") or report.get("bad_peer"):
             break  # peers will not match the next case's calls: stop here, report this one
     return reports
 
@@ -346,6 +361,12 @@ def _raise_problems(calls, exercise, label, group_timeout, describe=None, advice
         ranks = _names([c.rank for c in forbidden])
         raise AssertionError(f"{forbidden[0].forbidden.replace(exercise, exercise + where, 1)} "
                              f"[on rank{'s' if len(forbidden) > 1 else ''} {ranks}]")
+    bad = [c for c in calls if c is not None and c.bad_peer]
+    if bad:  # before deadlocks: a rank waiting on the rank that refused a bad peer is no deadlock
+        raise AssertionError(
+            f"{exercise}{where} named a rank that does not exist in a send or recv, on "
+            f"rank{'s' if len(bad) > 1 else ''} {_names([c.rank for c in bad])}:\n"
+            + "\n".join(f"  {c.bad_peer}" for c in bad))
     stuck = [c for c in calls if c is not None and c.stuck]
     if stuck:
         group = members(calls)
@@ -361,7 +382,8 @@ def _raise_problems(calls, exercise, label, group_timeout, describe=None, advice
         raise AssertionError(
             f"{exercise}{where} deadlocked: rank{'s' if len(stuck) > 1 else ''} "
             f"{_names([c.rank for c in stuck])} of {len(group)} waited {group_timeout:g} s for a "
-            f"partner that never came:\n" + "\n".join(lines) + "\n" + (advice or deadlock_advice(group)))
+            f"partner that never came:\n" + "\n".join(lines) + "\n"
+            + ((advice(group) if callable(advice) else advice) or deadlock_advice(group)))
 
 
 def _names(ranks):

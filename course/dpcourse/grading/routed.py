@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch.futures import Future
 
-from dpcourse.comm.recorder import ForbiddenCollective, note_routed_call
+from dpcourse.comm.recorder import ForbiddenCollective, check_peer, check_tensor_layout, note_routed_call
 from dpcourse.grading import wire
 
 BACKEND = "dpcourse-routed"
@@ -124,16 +124,19 @@ class RoutedWork(dist.Work):
     """A request in flight. Not torch's future-wrapping Work: its wait() returns True even when the
     future failed, so a timeout or a refused call would pass silently; this one raises, as gloo's."""
 
-    def __init__(self, future):
+    def __init__(self, future, p2p=False):
         super().__init__()
-        self.future = future
+        self.future, self.p2p, self.waited = future, p2p, False
 
     def wait(self, timeout=None):
         self.future.wait()  # raises what the router or the watchdog set
+        self.waited = True
         return True
 
     def is_completed(self):
-        return self.future.done()
+        # gloo's send and recv requests say "completed" only once waited for (measured, torch 2.13): code
+        # that drops requests it believes done must keep them here as it does in a notebook
+        return self.future.done() and (self.waited or not self.p2p)
 
     def is_success(self):
         return self.future.done() and self.exception() is None
@@ -149,8 +152,8 @@ class RoutedWork(dist.Work):
         return self.future
 
 
-def _work(future):
-    return RoutedWork(future)
+def _work(future, p2p=False):
+    return RoutedWork(future, p2p)
 
 
 def _copy_into(targets):
@@ -193,19 +196,21 @@ class RoutedGroup(dist.ProcessGroup):
         return self.members[group_rank]
 
     def send(self, tensors, dst, tag=0):
+        check_peer("send", dst, self.size(), self.members)  # as the recorder does before gloo sees it
         note_routed_call("send", dst, tensors[:1], self.members)
         peer = self._other(dst)
         future, _ = _link.request({"k": "send", "group": self.members, "dst": peer, "tag": tag},
                                   tensors[:1], f"send to rank {peer}", lambda _: tensors)
-        return _work(future)
+        return _work(future, p2p=True)
 
     def recv(self, tensors, src, tag=0):
+        check_peer("recv", src, self.size(), self.members)  # -1 would index the last member
         note_routed_call("recv", src, tensors[:1], self.members)
         peer = self._other(src)
         t = tensors[0]
         future, _ = _link.request({"k": "recv", "group": self.members, "src": peer, "tag": tag,
                                    "numel": t.numel()}, (), f"recv from rank {peer}", _copy_into([t]))
-        return _work(future)
+        return _work(future, p2p=True)
 
     def recv_anysource(self, tensors, tag=0):
         raise RuntimeError("receiving from any source is not supported while grading: name the sender")
@@ -242,7 +247,9 @@ class RoutedGroup(dist.ProcessGroup):
         return self._collective("all_gather", inputs, outputs)
 
     def all_gather_single(self, output, input, opts=None):
-        """dist.all_gather_into_tensor (torch 2.13 calls the group's all_gather_single)."""
+        """dist.all_gather_into_tensor (torch 2.13 calls the group's all_gather_single); the layouts gloo
+        accepts, and no other (recorder.check_tensor_layout)."""
+        check_tensor_layout("all_gather_into_tensor", output, input, self.size())
         return self._collective("all_gather_into_tensor", [input], _rows(output, self.size()))
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
@@ -257,7 +264,9 @@ class RoutedGroup(dist.ProcessGroup):
         return self._collective("reduce_scatter", inputs, outputs, {"reduce": _reduce_op(opts)})
 
     def reduce_scatter_single(self, output, input, opts=None):
-        """dist.reduce_scatter_tensor (torch 2.13 calls the group's reduce_scatter_single)."""
+        """dist.reduce_scatter_tensor (torch 2.13 calls the group's reduce_scatter_single); the layouts gloo
+        accepts, and no other (recorder.check_tensor_layout)."""
+        check_tensor_layout("reduce_scatter_tensor", output, input, self.size())
         return self._collective("reduce_scatter_tensor", _rows(input, self.size()), [output],
                                 {"reduce": _reduce_op(opts)})
 

@@ -5,15 +5,17 @@
     expect_pipeline_traffic(calls, case, "gpipe_step on 3 stages, 4 micro-batches")
     expect_held(calls, case, "gpipe_step", [4, 4, 4])
     expect_order(calls, case, "gpipe_step", [[("F", 0), ..., ("B", 3)]] * 3)
+    expect_released(calls, case, "run_schedule")      # nothing of a finished micro-batch kept
+    expect_schedule(one_f_one_b(2, 3, 0), parse_order("F0 F1 B0 F2 B1 B2"), "one_f_one_b(2, 3, 0)")
 
-Why these four: splitting a model over stages and streaming micro-batches changes where
+Why these: splitting a model over stages and streaming micro-batches changes where
 each layer runs and in which order, never the arithmetic. So the yardstick is one process
 running the whole model on the whole batch, in float64 (differences ~1e-16, where a missing
 1/m or a gradient applied to the wrong micro-batch is off by far more). Messages are what
 define a pipeline -- one activation forward and one gradient back per micro-batch and
 neighbour, nothing to anyone else -- and are judged from the recorder's records. Memory is
 what tells GPipe (m micro-batches held) from 1F1B (at most p - s), and is judged from what
-autograd really kept (runner.StageWatch).
+autograd really kept, and what the stage's code kept of a finished micro-batch (runner.StageWatch).
 
 Every message names the stage, its rank, and where it can the micro-batch. Used by
 notebooks 07 and 09 and by the hidden checks of notebook 07.
@@ -73,6 +75,11 @@ def expect_pipeline_step(calls, case, what):
     if abs(got - loss) > ATOL + RTOL * abs(loss):
         raise AssertionError(f"{what}: {_who(case, last.rank)} returned the loss {number(got)}, expected "
                              f"{number(loss)} (the mean over the whole batch){_scale_hint(case, got, loss)}")
+    for call in staged[:-1]:
+        if call.result is not None:
+            raise AssertionError(f"{what}: {_who(case, call.rank)} returned {describe(call.result)[:120]}: "
+                                 f"every stage but the last must return None (only the last stage "
+                                 f"computes the loss)")
     for call in staged:
         for name, g in call.observed["grads"].items():
             expected = grads[name]
@@ -164,15 +171,59 @@ def expect_held(calls, case, what, expected, at_most=False, rule=""):
                                  f"micro-batch(es) at once, expected {bound}{want}{rule}")
 
 
+def first_difference(got, want):
+    """'step 4 is B2 where B0 was expected': where two orders of ("F", i) / ("B", i) part ways."""
+    first = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b),
+                 min(len(got), len(want)))
+    return (f"step {first + 1} is {format_order(got[first:first + 1]) or 'missing'} where "
+            f"{format_order(want[first:first + 1]) or 'nothing'} was expected")
+
+
 def expect_order(calls, case, what, expected, rule=""):
     """Each stage ran its forwards and backwards in exactly the order expected[stage]."""
     for index, call in enumerate(by_stage(calls, case)):
         got = [(kind, k) for kind, k, *_ in call.observed["events"]]
         want = [tuple(action) for action in expected[index]]
         if got != want:
-            first = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b),
-                         min(len(got), len(want)))
-            detail = (f"step {first + 1} is {format_order(got[first:first + 1]) or 'missing'} where "
-                      f"{format_order(want[first:first + 1]) or 'nothing'} was expected")
             raise AssertionError(f"{what}: {_who(case, call.rank)} ran {format_order(got)}, expected "
-                                 f"{format_order(want)}: {detail}{rule}")
+                                 f"{format_order(want)}: {first_difference(got, want)}{rule}")
+
+
+def expect_schedule(got, expected, call, rule=""):
+    """A schedule function's result (a list of ("F", i) / ("B", i)) equals `expected`; the message
+    writes both the way the text does (F0 F1 B0 ...) and points at the first difference."""
+    actions = None
+    if isinstance(got, (list, tuple)):
+        try:
+            actions = [(kind, int(i)) for kind, i in got]
+        except (TypeError, ValueError):
+            actions = None
+    if actions is None or any(kind not in ("F", "B") for kind, _ in actions) or any(
+            not isinstance(i, int) or isinstance(i, bool) for _, i in got):
+        raise AssertionError(f"{call} returned {describe(got)[:200]}: expected a list of (\"F\", i) and "
+                             f"(\"B\", i) pairs, e.g. [(\"F\", 0), (\"B\", 0)]")
+    want = [tuple(action) for action in expected]
+    if actions != want:
+        raise AssertionError(f"{call} returned {format_order(actions)}, expected {format_order(want)}: "
+                             f"{first_difference(actions, want)}{rule}")
+
+
+def expect_released(calls, case, what, rule=""):
+    """Once a micro-batch's backward has run, the stage keeps neither its input nor its output: when the
+    next backward starts, their memory is gone (runner.StageWatch follows each storage)."""
+    for call in by_stage(calls, case):
+        lingering = call.observed.get("lingering") or []
+        if not lingering:
+            continue
+        at, j, alive, named = lingering[0]
+        kept = " and its ".join(alive)
+        if named:
+            cause = (f"your code still refers to its {' and '.join(named)} tensor: remove a micro-batch's "
+                     f"entries once its backward has run (inputs.pop(i), outputs.pop(i))")
+        else:
+            cause = ("no name of yours holds it, but something shares its memory: the request of a "
+                     "dist.isend not waited for yet keeps the tensor it sends (wait for a send before "
+                     "you post the next one in the same direction), as does a .detach() kept aside")
+        raise AssertionError(f"{what}: {_who(case, call.rank)}: when the backward of micro-batch {at} "
+                             f"started, micro-batch {j}, whose backward had already run, still had its "
+                             f"{kept} alive -- {cause}{rule}")

@@ -27,6 +27,18 @@ How a stage is watched (StageWatch), so the learner's code needs no instrumentin
     dropped). A micro-batch is "held" while any of its saved tensors is alive. This counts
     what autograd really keeps, so it cannot be lowered by anything short of really
     freeing the graph (by running the backward, or by not building it).
+  * kept after its backward: autograd frees what it saved, but the stage's code may keep a
+    micro-batch's input and output alive on its own (a dict entry never removed, the request
+    of an isend never waited for, a detached copy). The watch follows the *memory* of each
+    micro-batch's input (on every stage but the first, whose input is the batch the caller
+    keeps anyway, however the stage slices or copies it) and of its output: a weak reference
+    to the tensor's storage, which lives as long as any tensor, view, detached alias or
+    pending send uses that memory. When a backward starts, every micro-batch whose backward
+    already ran must have let go of both ("lingering" otherwise); a weak reference to the
+    tensor object itself tells "your code still names it" from "something shares its
+    memory". What it cannot see: copies into new memory (`.clone()`, `.tolist()`, numpy
+    arrays made with a copy) -- a submission written to hide memory from the check can; an
+    honest one that forgets a dict entry or a request cannot.
 Which micro-batch a blocked message belongs to is inferred from the message count: stages
 forward micro-batches in order 0, 1, ..., and run their backwards in order 0, 1, ... in
 every schedule of notebook 07, so a stage's k-th message to (or from) a neighbour in one
@@ -45,6 +57,7 @@ import torch
 
 from dpcourse.backend import rank_device
 from dpcourse.comm.calls import GROUP_TIMEOUT, Prepared, run_cases
+from dpcourse.comm.recorder import PeerError
 from dpcourse.topics.pipeline.stages import boundary_widths, check_cuts, make_stage
 from dpcourse.toys.models import loss_fn as mse_loss
 
@@ -138,12 +151,19 @@ class StageWatch:
     See the module docstring. Used as the `watch` of a `Prepared` (dpcourse.comm.calls).
     """
 
-    def __init__(self, stage):
+    def __init__(self, stage, given=()):
         self.stage = stage
         self.events = []  # [kind, micro-batch, start, end]
         self.forwards = 0
         self.live = {}  # micro-batch -> its saved tensors still alive
         self.peak = 0
+        # memory of the rank's own arguments (the batch, the targets): its slices are no activations
+        self.given = {t.untyped_storage().data_ptr() for t in given if isinstance(t, torch.Tensor)}
+        self.kept = {}  # (micro-batch, "input" / "output") -> storages of it still alive
+        self.names = {}  # (micro-batch, "input" / "output") -> weak reference to the tensor object
+        self.backwarded = set()  # micro-batches whose backward has started
+        self.lingering = []  # [backward k, micro-batch j, kinds alive, kinds still named] per j, first seen
+        self.generation = 0  # restart_watch starts a new one
         self.current_forward = None
         self.current_backward = None
         self.phase = "before its first forward"
@@ -178,6 +198,8 @@ class StageWatch:
         self.phase = f"in the forward of micro-batch {k}"
         self.events.append(["F", k, time.perf_counter(), None])
         for x in args:
+            if isinstance(x, torch.Tensor) and not self.stage.is_first:  # stage 0's input is the batch's
+                self._follow(k, "input", x)
             if isinstance(x, torch.Tensor) and x.requires_grad:
                 x.register_hook(self._backward_progress(k))
 
@@ -185,11 +207,37 @@ class StageWatch:
         k = self.current_forward
         self.events[-1][3] = time.perf_counter()
         self.phase = f"after the forward of micro-batch {k}"
+        if isinstance(output, torch.Tensor):
+            self._follow(k, "output", output)
         if isinstance(output, torch.Tensor) and output.requires_grad:
             output.register_hook(self._backward_starts(k))
 
+    # what a micro-batch keeps besides autograd's saved tensors (module docstring)
+    def _follow(self, k, kind, tensor):
+        storage = tensor.untyped_storage()
+        if storage.nbytes() == 0 or storage.data_ptr() in self.given or (k, kind) in self.names:
+            return
+        self.kept[(k, kind)] = self.kept.get((k, kind), 0) + 1
+        weakref.finalize(storage, self._let_go, self.generation, k, kind)
+        self.names[(k, kind)] = weakref.ref(tensor)
+
+    def _let_go(self, generation, k, kind):
+        if generation == self.generation:  # not a storage of a warm-up step, forgotten since
+            self.kept[(k, kind)] -= 1
+
+    def _check_lingering(self, k):
+        """At the start of micro-batch k's backward: the finished micro-batches still alive."""
+        reported = {j for _, j, _, _ in self.lingering}
+        for j in sorted(self.backwarded - {k} - reported):
+            alive = [kind for kind in ("input", "output") if self.kept.get((j, kind), 0) > 0]
+            if alive:
+                named = [kind for kind in alive if self.names[(j, kind)]() is not None]
+                self.lingering.append([k, j, alive, named])
+        self.backwarded.add(k)
+
     def _backward_starts(self, k):
         def hook(grad):
+            self._check_lingering(k)
             self.current_backward = k
             self.phase = f"in the backward of micro-batch {k}"
             now = time.perf_counter()
@@ -244,8 +292,11 @@ class StageWatch:
             return (" -- the input's .grad is None: a received activation must get requires_grad_() "
                     "before the forward, so that the backward computes the gradient to send back")
         if _raised_in_send_or_recv(exc):
+            advice = ": name them by stage.prev and stage.next, not rank - 1 and rank + 1" \
+                if isinstance(exc, PeerError) else ""
             return (f" -- stage {self.stage.index} runs on rank {self.stage.rank}; its neighbours are "
-                    f"stage.prev = {self.stage.prev} and stage.next = {self.stage.next} (world ranks)")
+                    f"stage.prev = {self.stage.prev} and stage.next = {self.stage.next} (world ranks)"
+                    f"{advice}")
         if "does not require grad" in text:
             return (" -- backward was called on a tensor with no graph: was the forward run under "
                     "torch.no_grad(), or the output detached before its backward?")
@@ -255,7 +306,8 @@ class StageWatch:
         grads = {name: None if p.grad is None else p.grad.detach().clone()
                  for name, p in self.stage.module.named_parameters()}
         return dict(stage=self.stage.index, grads=grads, events=[tuple(e) for e in self.events],
-                    peak_held=self.peak, held_at_end=self.held(), forwards=self.forwards)
+                    peak_held=self.peak, held_at_end=self.held(), forwards=self.forwards,
+                    lingering=[list(item) for item in self.lingering])
 
 
 def _raised_in_send_or_recv(exc):
@@ -277,6 +329,8 @@ def restart_watch():
     if _ACTIVE is not None:
         _ACTIVE.events, _ACTIVE.forwards, _ACTIVE.live = [], 0, {}
         _ACTIVE.peak, _ACTIVE.current_forward, _ACTIVE.current_backward = 0, None, None
+        _ACTIVE.kept, _ACTIVE.names, _ACTIVE.backwarded, _ACTIVE.lingering = {}, {}, set(), []
+        _ACTIVE.generation += 1
     for mode in _get_current_dispatch_mode_stack():
         if isinstance(mode, CommRecorder):
             mode.ops.clear()
@@ -301,9 +355,10 @@ def _prepare(rank, case):
     stage = make_stage(pipeline.make_model(), pipeline.cuts, index, ranks=pipeline.ranks, device=device)
     args = (stage, pipeline.batch.to(device).clone(), pipeline.targets.to(device).clone(),
             pipeline.loss_fn, *pipeline.extra_args(index))
+    watch = StageWatch(stage, given=args[1:3])
     if pipeline.warmup:
-        return Prepared((case["step"], pipeline.warmup, *args), watch=StageWatch(stage))
-    return Prepared(args, watch=StageWatch(stage))
+        return Prepared((case["step"], pipeline.warmup, *args), watch=watch)
+    return Prepared(args, watch=watch)
 
 
 def _after_warmup(step, warmup, stage, *args):
@@ -318,8 +373,28 @@ def _after_warmup(step, warmup, stage, *args):
 ADVICE = (
     "In a pipeline, a blocking dist.send waits until the neighbour posts the matching recv. If two "
     "neighbours both send (stage s an activation forward, stage s + 1 a gradient back), neither "
-    "receives: send with dist.isend (keep the requests, wait for them before returning), and receive "
+    "receives: send with dist.isend (wait for a request before the next send in its direction, and for "
+    "the last ones before returning), and receive "
     "from each neighbour in the order it sends (micro-batch 0, 1, 2, ...).")
+
+NEIGHBOUR_ADVICE = (
+    "A stage above called send or recv with a rank that is not one of its neighbours, so the matching "
+    "call never comes: this is not a question of blocking sends. Name the neighbours stage.prev and "
+    "stage.next: they are the world ranks of the previous and the next stage (here the stages run on "
+    "ranks {ranks}, in stage order), not rank - 1 and rank + 1.")
+
+
+def pipeline_advice(group, case):
+    """What a deadlock message advises: the neighbours when a stage named a non-neighbour (a wrong
+    peer deadlocks too, and isend would not help), else how sends and receives must be ordered."""
+    pipeline = case["pipeline"] if isinstance(case, dict) else case
+    for call in group:
+        if call.rank not in pipeline.ranks:
+            continue
+        index = pipeline.stage_of(call.rank)
+        if any(o.op in ("send", "recv") and message_kind(pipeline, index, o) is None for o in call.ops):
+            return NEIGHBOUR_ADVICE.format(ranks=pipeline.ranks)
+    return ADVICE
 
 
 def run_pipeline_cases(step, cases, *, exercise, group_timeout=GROUP_TIMEOUT, deadline=None):
@@ -337,7 +412,7 @@ def run_pipeline_cases(step, cases, *, exercise, group_timeout=GROUP_TIMEOUT, de
     runnable = [dict(pipeline=case, label=case.label, step=step) for case in cases]
     yield from run_cases(_after_warmup if cases[0].warmup else step, world_size, runnable, exercise=exercise,
                          group_timeout=group_timeout, deadline=deadline, prepare=_prepare,
-                         describe=describe_stage, advice=ADVICE)
+                         describe=describe_stage, advice=pipeline_advice)
 
 
 def run_pipeline(step, case, *, exercise, group_timeout=GROUP_TIMEOUT, deadline=None):

@@ -17,6 +17,9 @@ row-parallel output off by (N - 1) x bias (bias added on every rank), an all-red
 group is the whole world, a weight slice that belongs to another rank.
 """
 
+import re
+from contextlib import contextmanager
+
 import torch
 
 from dpcourse.checks.core import TOLERANCES, describe, number, ratio_hint
@@ -194,6 +197,11 @@ def expect_operator(case_runs, case, expected, what, rule=""):
             raise AssertionError(f"{where}'s output does not require grad: return the result of your "
                                  f"autograd.Function (YourFunction.apply(x, group)) so backward can reach x")
         expect_collectives(run, run.backward, expected["backward"][run.rank], what, "backward", group, rule)
+        if run.grad_after is not None:
+            raise AssertionError(f"{where}'s backward changed the gradient it was handed, in place (the "
+                                 f"caller's tensor is now {describe(run.grad_after)}, was "
+                                 f"{describe(case['grads'][run.rank])}): all-reduce a copy (grad.clone()) -- "
+                                 f"the tensor autograd hands to backward may be the caller's own")
         if run.input_grad is None:
             raise AssertionError(f"{where}: no gradient reached x: backward must return a gradient for x "
                                  f"(and None for the group)")
@@ -218,13 +226,26 @@ def reference_of(case):
     return full, y.detach(), x.grad, {n: p.grad for n, p in full.named_parameters()}
 
 
-def expect_parameters_held(run, full, layout, what, group):
-    """The module's parameters are the rank's slices of the full ones, named like the reference's."""
+def expect_copies(run, what):
+    """No parameter shares memory with the unsharded module's (a view keeps the whole weight on every
+    rank, and an update of the slice writes into the unsharded module)."""
+    for name, (kept, own) in sorted(run.views.items()):
+        keeps = f"it keeps all {kept} values of the full tensor alive for its {own}, and " if kept > own \
+            else ""
+        raise AssertionError(f"{what}: rank {run.rank}'s {name} is a view of the unsharded module's "
+                             f"parameter, not a copy: {keeps}every update of it writes into the unsharded "
+                             f"module -- keep a copy, e.g. nn.Parameter(linear.weight.detach()[a:b].clone())")
+
+
+def expect_parameters_held(run, full, layout, what, group, params=None):
+    """The module's parameters are the rank's slices of the full ones, named like the reference's
+    (params: what to check instead of run.params, e.g. the parameters as built, before training)."""
     expected = {n: layout[n] for n, _ in full.named_parameters()}
     index, n = group.index(run.rank), len(group)
-    if sorted(run.params) != sorted(expected):
-        extra = sorted(set(run.params) - set(expected))
-        missing = sorted(set(expected) - set(run.params))
+    params = run.params if params is None else params
+    if sorted(params) != sorted(expected):
+        extra = sorted(set(params) - set(expected))
+        missing = sorted(set(expected) - set(params))
         hint = ""
         if extra:
             hint = (" -- keep only your slices as parameters (a full layer stored as an attribute is "
@@ -232,11 +253,11 @@ def expect_parameters_held(run, full, layout, what, group):
         elif missing:
             hint = (" -- build the layers in __init__ and assign them as attributes named like the "
                     "reference's (a plain list hides them from .parameters())")
-        raise AssertionError(f"{what}: rank {run.rank}'s module has parameters {sorted(run.params)}, "
+        raise AssertionError(f"{what}: rank {run.rank}'s module has parameters {sorted(params)}, "
                              f"expected {sorted(expected)}{hint}")
     for name, p in full.named_parameters():
         want = shard(p.detach(), expected[name], index, n)
-        got = run.params[name]
+        got = params[name]
         if got.shape == want.shape and torch.equal(got.double(), want.double()):
             continue
         dim = 0 if expected[name] == "column" else -1
@@ -281,6 +302,7 @@ def expect_module(case_runs, case, layout, what, forward=None, backward=None, ru
     full, y, x_grad, param_grads = reference
     for run in case_runs:  # every rank's slices first: a wrong slice on one rank spoils its peers' values
         expect_parameters_held(run, full, layout, what, case_group(case, run.rank, len(case_runs)))
+        expect_copies(run, what)
     for run in case_runs:
         where = f"{what}: rank {run.rank}"
         group = case_group(case, run.rank, len(case_runs))
@@ -372,27 +394,44 @@ def row_mistakes(case):
 
 def attention_mistakes(case):
     """Known wrong answers of an attention split by heads: every rank computing all n_heads heads on
-    its slice of qkv (the heads then come out narrower, and wrong)."""
+    its slice of qkv, or n_heads / (the world's size) heads on a group smaller than the world (the
+    heads then come out narrower or wider, and wrong)."""
     from dpcourse.topics.tensor.models import attend
 
     x = case["x"].double()
 
     def wrong(rank, index, n, world, reference):
         full = reference[0]
+        heads = full.n_heads
+        candidates = [(heads, f"each rank computed all {heads} heads on its slice of qkv: it holds only "
+                              f"{heads} / {n} of them")]
+        if world != n and heads % world == 0:
+            candidates.append((heads // world, f"each rank computed {heads // world} head(s), n_heads / N "
+                                               f"with N the world's {world} ranks: N is the size of the "
+                                               f"group, dist.get_world_size(group) = {n}"))
         width = full.qkv.out_features // n
-        if n == 1 or width % (3 * full.n_heads):
-            return {}
-        with torch.no_grad():
-            qkv, weight = full.qkv(x), full.proj.weight
-            y = sum(attend(row_shard(qkv, r, n), full.n_heads) @ row_shard(weight, r, n).T for r in range(n))
-            if full.proj.bias is not None:
-                y = y + full.proj.bias
-        return {"output": [(y, f"each rank computed all {full.n_heads} heads on its slice of qkv: it holds "
-                               f"only {full.n_heads} / {n} of them")]}
+        outputs = []
+        for local_heads, why in candidates:
+            if n == 1 or width % (3 * local_heads):
+                continue
+            with torch.no_grad():
+                qkv, weight = full.qkv(x), full.proj.weight
+                y = sum(attend(row_shard(qkv, r, n), local_heads) @ row_shard(weight, r, n).T
+                        for r in range(n))
+                if full.proj.bias is not None:
+                    y = y + full.proj.bias
+            outputs.append((y, why))
+        return {"output": outputs}
     return wrong
 
 
 # --------------------------------------------------------------------------- training
+
+def _first_output(case):
+    """The unsharded module's output for the first training batch (before any update)."""
+    with torch.no_grad():
+        return build_reference(case)(case["batches"][0][0].double())
+
 
 def reference_training(case):
     """(parameters before, after, losses) of the unsharded module trained like run_training does."""
@@ -410,14 +449,37 @@ def reference_training(case):
     return before, {n: p.detach().clone() for n, p in full.named_parameters()}, losses
 
 
-def expect_training(runs, case, layout, what, forward=None, backward=None, rule=""):
+def expect_training(runs, case, layout, what, forward=None, backward=None, rule="", wrong=None):
     """After several SGD steps every rank holds the slices of the unsharded module trained the same
-    way, every step's loss matches, and (if given) every step issued the expected collectives."""
+    way, every step's loss matches, and (if given) every step issued the expected collectives.
+
+    Checked in the order that locates a mistake: the slices as built; the loss of step 0 (the forward,
+    before any update; the first step's output is explained by `wrong`, a factory like
+    attention_mistakes given the first batch as the case's x); the collectives of every step; the
+    parameters after training, with the first step whose loss differs."""
     before, after, losses = reference_training(case)
+    full = build_reference(case)
+    for run in runs:
+        group = case_group(case, run.rank, len(runs))
+        if run.params_before:
+            expect_parameters_held(run, full, layout, f"{what} (as built, before training)", group,
+                                   params=run.params_before)
+        expect_copies(run, what)
+    first_output = _first_output(case)
     for run in runs:
         where = f"{what}: rank {run.rank}"
         group = case_group(case, run.rank, len(runs))
         index, n = group.index(run.rank), len(group)
+        if run.losses and abs(run.losses[0] - losses[0]) > 1e-9 * max(1.0, abs(losses[0])):
+            detail = ""
+            if run.output is not None and wrong is not None:
+                explain = wrong(dict(x=case["batches"][0][0]))
+                reference = (full, first_output, None, None)
+                known = explain(run.rank, index, n, len(runs), reference).get("output", ())
+                detail = next((f" -- {why}" for candidate, why in known if _close(run.output, candidate)), "")
+            raise AssertionError(f"{where}: the loss of step 0, before any update, is "
+                                 f"{number(run.losses[0])}, expected {number(losses[0])}: the forward "
+                                 f"already differs from the unsharded module's{detail}")
         for step, (forward_ops, backward_ops) in enumerate(run.steps):
             if forward is not None:
                 expect_collectives(run, forward_ops, forward, f"{what}, step {step}", "forward", group, rule)
@@ -427,6 +489,12 @@ def expect_training(runs, case, layout, what, forward=None, backward=None, rule=
         if sorted(run.params) != sorted(after):
             raise AssertionError(f"{where}: the trained module has parameters {sorted(run.params)}, expected "
                                  f"{sorted(after)}")
+        differ = next((step for step, (got, want) in enumerate(zip(run.losses, losses, strict=False))
+                       if abs(got - want) > 1e-9 * max(1.0, abs(want))), None)
+        context = (f" -- the losses of steps 0 to {differ - 1} agree, so the forward is right and the "
+                   f"update of step {differ - 1} (its gradient) was not" if differ else
+                   " -- the loss of every step agrees, so the forward is right and the gradient that moved "
+                   "it is not")
         mismatches = []  # (rank of the explanation, message): a parameter that never moved explains the rest
         for name, full_after in after.items():
             got = run.params[name]
@@ -443,10 +511,93 @@ def expect_training(runs, case, layout, what, forward=None, backward=None, rule=
                     "expected values", "expected update"), 1
             mismatches.append((order, f"{where}: after {len(losses)} SGD steps, {name} is "
                                       f"{describe(got, 4)}, expected its {layout[name]} slice of the "
-                                      f"unsharded module's, {describe(want, 4)}{hint}"))
+                                      f"unsharded module's, {describe(want, 4)}{hint}{context}"))
         if mismatches:
             raise AssertionError(min(mismatches, key=lambda m: m[0])[1])
         for step, (got, want) in enumerate(zip(run.losses, losses, strict=True)):
             if abs(got - want) > 1e-9 * max(1.0, abs(want)):
                 raise AssertionError(f"{where}: the loss of step {step} is {number(got)}, expected "
                                      f"{number(want)} (the unsharded module trained on the same batches)")
+
+
+# --------------------------------------------------------------------------- layouts that cannot be split
+
+def expect_refusal(case_runs, what, numbers, rule):
+    """Every rank's constructor raised a ValueError whose message gives the numbers that do not divide.
+
+    numbers: {what the number counts: value}, e.g. {"output features": 10, "ranks": 4}; the message must
+    contain each value as a number of its own (not as part of another). rule: what the text asks for.
+    """
+    wanted = " and ".join(f"{value} ({name})" for name, value in numbers.items())
+    for run in case_runs:
+        raised = run.refused
+        if raised is None:
+            raise AssertionError(f"{what}: rank {run.rank} built the module: expected a ValueError ({rule})")
+        if not raised.startswith("ValueError"):
+            raise AssertionError(f"{what}: rank {run.rank} raised {raised[:200].rstrip(': ')}: expected a "
+                                 f"ValueError ({rule})")
+        missing = [v for v in numbers.values() if not re.search(rf"(?<![\d.]){v}(?![\d.])", raised)]
+        if missing:
+            raise AssertionError(f"{what}: rank {run.rank} raised {raised[:200]}: a ValueError, but its "
+                                 f"message should say why, giving the numbers {wanted} ({rule})")
+
+
+# --------------------------------------------------------------------------- blocks of earlier exercises
+
+EXERCISES = {"copy_to_tp": 1, "reduce_from_tp": 2, "gather_from_tp": 3, "ColumnParallelLinear": 4,
+             "RowParallelLinear": 5}
+
+
+def _probe(name, learner):
+    """The first line of what the visible basic test of an earlier exercise says about `learner`, or None
+    when it passes (a launch of 2 ranks)."""
+    from dpcourse.topics.tensor.models import inputs
+    from dpcourse.topics.tensor.runs import run_module_cases, run_operator_cases
+
+    try:
+        if name in ("copy_to_tp", "reduce_from_tp", "gather_from_tp"):
+            width = 2 if name == "gather_from_tp" else 4
+            case = dict(inputs=[inputs((3, width), seed=r) for r in range(2)],
+                        grads=[inputs((3, 4), seed=10 + r) for r in range(2)], groups=None, label="2 ranks")
+            semantics = {"copy_to_tp": f_semantics, "reduce_from_tp": g_semantics,
+                         "gather_from_tp": gather_semantics}[name]
+            runs = run_operator_cases(learner, 2, [case], exercise=name)[0]
+            expect_operator(runs, case, semantics(case, 2), name)
+        else:
+            column = name == "ColumnParallelLinear"
+            case = dict(full=("linear", dict(in_features=8, out_features=12 if column else 6, seed=1)),
+                        options=dict(gather_output=False) if column else dict(input_is_parallel=True),
+                        x=inputs((5, 8), seed=2), dy=inputs((5, 12 if column else 6), seed=3),
+                        groups=None, label="2 ranks", **({"output": "parallel"} if column else
+                                                         {"input": "parallel"}))
+            runs = run_module_cases(learner, 2, [case], exercise=name)[0]
+            expect_module(runs, case, COLUMN if column else ROW, name,
+                          forward=[] if column else [("all_reduce", 5 * 6 * 8)],
+                          backward=[("all_reduce", 5 * 8 * 8)] if column else [])
+    except Exception as problem:  # noqa: BLE001 - any failure of the earlier exercise is the news
+        return f"{type(problem).__name__}: {problem}".split("\n")[0][:400]
+    return None
+
+
+@contextmanager
+def built_on(block, **earlier):
+    """Around a test of a block built from earlier exercises (the MLP from f, g and the two layers): when
+    the test fails, run each earlier exercise's basic test and, if one fails, say so first -- a bug in f
+    fails every cell after it, and the learner should fix the earliest exercise first.
+
+        with built_on("TensorParallelMLP", copy_to_tp=copy_to_tp, ColumnParallelLinear=ColumnParallelLinear):
+            ... the MLP's checks ...
+
+    Costs nothing when the block's test passes (the probes only run after a failure).
+    """
+    try:
+        yield
+    except Exception as failure:
+        for name, learner in earlier.items():
+            problem = _probe(name, learner)
+            if problem is not None:
+                first = f"{type(failure).__name__}: {failure}".split("\n")[0][:300]
+                raise AssertionError(f"{block} is built on your {name} (exercise {EXERCISES[name]}), which "
+                                     f"fails its own test: fix {name} first. {name}: {problem}\n"
+                                     f"({block}'s own failure: {first})") from None
+        raise

@@ -26,7 +26,8 @@ A case is a dict:
       arguments of the learner's constructor), x (the full input), input ("replicated": every
       rank gets x; "parallel": rank r gets its slice of x's last dimension), output
       ("replicated" or "parallel": whether each rank's output gradient is the full dy or its
-      slice), dy (the full output gradient), groups, label.
+      slice), dy (the full output gradient), groups, label; or, for a layout the constructor must
+      refuse, full, options, groups, label and refuse=True (each rank reports what it raised).
 """
 
 from dataclasses import dataclass, field
@@ -61,6 +62,10 @@ class RankRun:
     no_grad: bool = False  # the output did not require grad: backward could not run
     losses: list = field(default_factory=list)  # training: the loss of every step
     steps: list = field(default_factory=list)  # training: (forward ops, backward ops) of every step
+    grad_after: object = None  # operators: the gradient handed to backward, if backward changed it
+    views: dict = field(default_factory=dict)  # parameters sharing the unsharded module's memory
+    params_before: dict = field(default_factory=dict)  # training: the parameters as built
+    refused: object = None  # refusal cases: "ValueError: ..." as the constructor raised it, or None
 
     @property
     def group_rank(self):
@@ -89,12 +94,24 @@ def make_groups(groups):
     return mine
 
 
-def _call(exercise, label, fn, *args, **kwargs):
-    """Call learner code; an exception names the exercise, the case and the rank."""
+def _call(exercise, label, fn, *args, members=None, **kwargs):
+    """Call learner code; an exception names the exercise, the case and the rank (and, for an index out
+    of range in a group smaller than the world, the likely cause: an index taken from the world rank)."""
     try:
         return fn(*args, **kwargs)
+    except NotImplementedError as exc:  # the same on every rank: no race on which rank is named
+        raise NotImplementedError(f"{exercise} ({label})") from exc  # the launcher says "not written yet"
     except Exception as exc:
-        raise RuntimeError(f"{exercise} ({label}) raised on rank {dist.get_rank()}: "
+        rank = dist.get_rank()
+        if isinstance(exc, IndexError) and members is not None and rank >= len(members):
+            # every member whose world rank is past the group's slices fails alike: one message for all
+            n = len(members)
+            who = f"the ranks of group {list(members)} whose world rank is {n} or more"
+            hint = (f"a group of {n} has slices 0 to {n - 1}: was the index the world rank (dist.get_rank()) "
+                    f"instead of the rank in the group (dist.get_rank(group))?")
+            raise RuntimeError(f"{exercise} ({label}) raised on {who}: {type(exc).__name__}: {exc} -- "
+                               f"{hint}") from exc
+        raise RuntimeError(f"{exercise} ({label}) raised on rank {rank}: "
                            f"{type(exc).__name__}: {exc}") from exc
 
 
@@ -111,8 +128,9 @@ def _tensor(value):
     return value.detach().clone() if isinstance(value, torch.Tensor) else None
 
 
-def _backward(report, output, dy, exercise, label):
-    """output.backward(dy) under a recorder; what happened goes into the report."""
+def _backward(report, output, dy, exercise, label, members=None):
+    """output.backward(dy) under a recorder; what happened goes into the report (and dy, if the
+    backward changed the gradient it was handed in place)."""
     if not isinstance(output, torch.Tensor):
         raise RuntimeError(f"{exercise} ({label}) returned {type(output).__name__} on rank "
                            f"{dist.get_rank()}, expected a tensor")
@@ -121,9 +139,21 @@ def _backward(report, output, dy, exercise, label):
         return
     if output.shape != dy.shape:
         return  # the check reports the output's shape; backward would only raise about it
+    before = dy.clone()
     with CommRecorder(exercise=exercise) as rec:
-        _call(exercise, label, output.backward, dy)
+        _call(exercise, label, output.backward, dy, members=members)
     report["backward"] = _plain_ops(rec.ops)
+    if not torch.equal(dy, before):
+        report["grad_after"] = dy.detach().clone()
+
+
+def _views(module, full):
+    """{parameter name: (elements of the memory it keeps, its own elements)} for the module's parameters
+    that share memory with the unsharded module's (a view, not a copy: it keeps the whole weight alive
+    and an update of it writes into the unsharded module)."""
+    theirs = {p.untyped_storage().data_ptr() for p in full.parameters()}
+    return {name: (p.untyped_storage().nbytes() // p.element_size(), p.numel())
+            for name, p in module.named_parameters() if p.untyped_storage().data_ptr() in theirs}
 
 
 def run_operator_cases(op, world_size, cases, *, exercise, group_timeout=TIMEOUTS["test_group"],
@@ -139,11 +169,12 @@ def _operator_side(op, cases, exercise):
     for case in cases:
         group, _ = make_groups(case.get("groups"))
         rank, label = dist.get_rank(), case.get("label", exercise)
+        members = _members(case, rank, dist.get_world_size())
         x = case["inputs"][rank].to(rank_device()).clone().requires_grad_()
         with CommRecorder(exercise=exercise) as rec:
-            output = _call(exercise, label, op, x, group=group)
+            output = _call(exercise, label, op, x, group=group, members=members)
         report = {"forward": _plain_ops(rec.ops), "output": _tensor(output), "input_after": _tensor(x)}
-        _backward(report, output, case["grads"][rank].to(rank_device()).clone(), exercise, label)
+        _backward(report, output, case["grads"][rank].to(rank_device()).clone(), exercise, label, members)
         report["input_grad"] = _tensor(x.grad)
         reports.append(to_cpu(report))
     return reports
@@ -169,20 +200,33 @@ def _module_side(cls, cases, exercise):
         rank, label = dist.get_rank(), case.get("label", exercise)
         name, kwargs = case["full"]
         full = BUILDERS[name](**kwargs)
-        module = _call(exercise, label, cls, full, group, **case.get("options", {}))
+        if case.get("refuse"):  # a layout the constructor must refuse (N does not divide the features)
+            reports.append({"refused": _refusal(cls, full, group, case.get("options", {}))})
+            continue
+        module = _call(exercise, label, cls, full, group, members=members, **case.get("options", {}))
+        views = _views(module, full)
         x = _input_of(case, case["x"], members.index(rank), len(members)).requires_grad_()
         with CommRecorder(exercise=exercise) as rec:
-            output = _call(exercise, label, module, x)
-        report = {"forward": _plain_ops(rec.ops), "output": _tensor(output)}
+            output = _call(exercise, label, module, x, members=members)
+        report = {"forward": _plain_ops(rec.ops), "output": _tensor(output), "views": views}
         dy = case["dy"].to(rank_device())
         if case.get("output") == "parallel":
             dy = row_shard(dy, members.index(rank), len(members))
-        _backward(report, output, dy.clone(), exercise, label)
+        _backward(report, output, dy.clone(), exercise, label, members)
         report["input_grad"] = _tensor(x.grad)
         report["params"] = {n: p.detach().clone() for n, p in module.named_parameters()}
         report["grads"] = {n: _tensor(p.grad) for n, p in module.named_parameters()}
         reports.append(to_cpu(report))
     return reports
+
+
+def _refusal(cls, full, group, options):
+    """What the constructor raised ("ValueError: 10 output features ..."), or None if it built a module."""
+    try:
+        cls(full, group, **options)
+    except Exception as exc:  # noqa: BLE001 - the check says which exception was expected
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 def run_training(cls, world_size, case, *, exercise, group_timeout=TIMEOUTS["test_group"], deadline=None):
@@ -195,23 +239,28 @@ def run_training(cls, world_size, case, *, exercise, group_timeout=TIMEOUTS["tes
     """
     reports = launch(_training_side, world_size, cls, case, exercise, group_timeout=group_timeout,
                      deadline=deadline)
-    return [run[0] for run in _by_case([[r] for r in reports], [case], exercise, training=True)]
+    return _by_case([[r] for r in reports], [case], exercise, training=True)[0]  # [case][rank]: every rank
 
 
 def _training_side(cls, case, exercise):
-    group, _ = make_groups(case.get("groups"))
+    group, members = make_groups(case.get("groups"))
     label = case.get("label", exercise)
     name, kwargs = case["full"]
-    module = _call(exercise, label, cls, BUILDERS[name](**kwargs), group, **case.get("options", {}))
-    losses, steps = [], []
+    full = BUILDERS[name](**kwargs)
+    module = _call(exercise, label, cls, full, group, members=members, **case.get("options", {}))
+    views = _views(module, full)
+    before = {n: p.detach().clone() for n, p in module.named_parameters()}
+    losses, steps, first_output = [], [], None
     for x, target in case["batches"]:
         # x requires grad, like the output of the layer below would: backward then runs f's all-reduce
         x, target = x.to(rank_device()).requires_grad_(), target.to(rank_device())
         with CommRecorder(exercise=exercise) as forward:
-            output = _call(exercise, label, module, x)
+            output = _call(exercise, label, module, x, members=members)
+        if not steps:  # the first step's output: a forward that is wrong from the start is explained by it
+            first_output = _tensor(output)
         loss = ((output - target) ** 2).mean()
         with CommRecorder(exercise=exercise) as backward:
-            _call(exercise, label, loss.backward)
+            _call(exercise, label, loss.backward, members=members)
         with torch.no_grad():
             for p in module.parameters():
                 if p.grad is not None:
@@ -220,7 +269,8 @@ def _training_side(cls, case, exercise):
         losses.append(loss.item())
         steps.append([_plain_ops(forward.ops), _plain_ops(backward.ops)])
     params = {n: p.detach().clone() for n, p in module.named_parameters()}
-    return to_cpu({"losses": losses, "steps": steps, "params": params})
+    return to_cpu({"losses": losses, "steps": steps, "params": params, "params_before": before,
+                   "views": views, "output": first_output})
 
 
 def _members(case, rank, world_size):
@@ -234,7 +284,9 @@ def _run_of(rank, members, report, training):
     run = RankRun(rank, members, output=report.get("output"), input_grad=report.get("input_grad"),
                   input_after=report.get("input_after"), forward=_ops(report.get("forward")),
                   backward=_ops(report.get("backward")), params=dict(report.get("params") or {}),
-                  grads=dict(report.get("grads") or {}), no_grad=bool(report.get("no_grad")))
+                  grads=dict(report.get("grads") or {}), no_grad=bool(report.get("no_grad")),
+                  grad_after=report.get("grad_after"), views=dict(report.get("views") or {}),
+                  params_before=dict(report.get("params_before") or {}), refused=report.get("refused"))
     if training:
         run.losses = [float(v) for v in report.get("losses") or ()]
         run.steps = [(_ops(fw), _ops(bw)) for fw, bw in report.get("steps") or ()]
