@@ -303,7 +303,7 @@ def test_a_forged_stack_dump_and_the_environment_leak_nothing(tmp_path, monkeypa
     secret_file = REPO.parent / f".dpcourse-test-secret-{os.getpid()}"  # outside every sandbox
     secret_file.write_text(SECRET + "\n" + SECRET + "\n" + SECRET + "\n")
     secret_file.chmod(0o600)
-    hidden = REPO / "autograder" / "dpgrader" / "orientation.py"
+    hidden = REPO / "autograder" / "dpgrader" / "orientation" / "checks.py"
     solution = next((REPO / "solutions" / "00_orientation").glob("*.ipynb"))
     names = [str(secret_file), "/etc/shadow", str(hidden), str(solution)]
     monkeypatch.setenv("DPCOURSE_PLANTED_SECRET", SECRET)

@@ -254,7 +254,7 @@ def test_the_judge_sees_only_what_it_needs(tmp_path, monkeypatch):
     paths = {"solutions": str(REPO / "solutions"), "submitted": str(REPO / "autograder" / "submitted"),
              "nbgrader_config": str(REPO / "autograder" / "nbgrader_config.py"), "shadow": "/etc/shadow",
              "next to the checkout": str(planted), "this test": __file__,
-             "hidden checks": str(REPO / "autograder" / "dpgrader" / "orientation.py"),
+             "hidden checks": str(REPO / "autograder" / "dpgrader" / "orientation" / "checks.py"),
              "course": str(REPO / "course" / "dpcourse" / "__init__.py")}
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(f"PATHS = {paths!r}\n" + LOOK_AROUND,

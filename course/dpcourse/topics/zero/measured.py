@@ -30,7 +30,7 @@ import torch
 
 from dpcourse.comm.calls import launch_run
 from dpcourse.reference.flat import trainable
-from dpcourse.runtime.backend import rank_device
+from dpcourse.backend import rank_device
 from dpcourse.runtime.inside_rank import memory_mark
 from dpcourse.runtime.launcher import launch_options, observed_memory
 from dpcourse.topics.zero.runs import LR, build_model, global_gradient
