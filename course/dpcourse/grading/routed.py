@@ -26,6 +26,7 @@ from torch.futures import Future
 
 from dpcourse.comm.recorder import ForbiddenCollective, check_peer, check_tensor_layout, note_routed_call
 from dpcourse.grading import wire
+from dpcourse.runtime import inside_rank
 
 BACKEND = "dpcourse-routed"
 _link = None  # this rank's Link, once joined
@@ -39,6 +40,8 @@ class Link:
         self.lock, self.pending = threading.Lock(), {}  # seq -> (future, what, deadline, on_reply)
         self.acks = {}  # seq -> Future of the router's immediate verdict on a collective
         self.seq = itertools.count(1)
+        # frames the reader or a reply thread still holds: a memory mark waits until none is (`settle`)
+        self.in_hand, self.settled = 0, threading.Condition()
         threading.Thread(target=self._read, name="dpcourse-router-reader", daemon=True).start()
         threading.Thread(target=self._watch, name="dpcourse-router-watchdog", daemon=True).start()
 
@@ -60,8 +63,12 @@ class Link:
                 frame = wire.read_frame(self.sock)
                 if frame is None:
                     break
-                self._deliver(*frame)
-                del frame  # not kept until the next reply: what a rank holds is measured while graded
+                self._hold()
+                try:
+                    self._deliver(*frame)
+                finally:
+                    del frame  # not kept until the next reply: what a rank holds is measured while graded
+                    self._release()
         except (OSError, wire.WireError):
             pass
         self._fail_all("the grader's message router closed the connection")
@@ -84,7 +91,33 @@ class Link:
         # Complete the future on a thread of its own: callbacks chained with .then() run where the
         # future completes, and one may wait for another reply (torch's powerSGD_hook does) that this
         # reader thread would then never deliver.
-        threading.Thread(target=self._complete, args=(entry, header, tensors), daemon=True).start()
+        self._hold()
+        box = [entry, header, tensors]  # emptied by the thread: its Thread object keeps its args to the end
+        threading.Thread(target=self._complete_and_release, args=(box,), daemon=True).start()
+
+    def _complete_and_release(self, box):
+        entry, header, tensors = box
+        box.clear()
+        try:
+            self._complete(entry, header, tensors)
+        finally:
+            del entry, header, tensors
+            self._release()
+
+    def _hold(self):
+        with self.settled:
+            self.in_hand += 1
+
+    def _release(self):
+        with self.settled:
+            self.in_hand -= 1
+            self.settled.notify_all()
+
+    def settle(self, timeout=5.0):
+        """Wait until no thread of this link holds a frame (a reply being handed over): before a memory
+        mark, so that what is measured is what the rank's own code keeps."""
+        with self.settled:
+            self.settled.wait_for(lambda: self.in_hand == 0, timeout)
 
     @staticmethod
     def _complete(entry, header, tensors):
@@ -320,6 +353,7 @@ def join(sock, rank, world_size, group_timeout):
     if BACKEND.upper() not in dist.Backend._plugins:
         dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])
     _link = Link(sock, group_timeout)
+    inside_rank.settle_before_memory_marks(_link.settle)
     # DDP asks the C++ backend to compare parameter shapes across ranks; a Python process group
     # has no C++ backend, and the check is a convenience, so it is skipped here.
     import torch.nn.parallel.distributed as ddp

@@ -47,6 +47,9 @@ def die_with_parent(parent_pid):
 
 
 _probe = None  # while graded, the socket a rank's memory marks go to (dpcourse.grading.zygote.Probe)
+# called before each memory mark: what must let go of memory in flight first (the routed link's threads
+# that still hold a reply: dpcourse.grading.routed registers it), so a mark measures what the rank keeps
+_settle_before_mark = []
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt's parameters (glibc)
 
 
@@ -64,6 +67,11 @@ def measured_by(fd):
         libc.mallopt(M_TRIM_THRESHOLD, 128 * 1024)
 
 
+def settle_before_memory_marks(settle):
+    """Have `settle()` called before each memory mark (the rank's routed link registers its own)."""
+    _settle_before_mark[:] = [settle]
+
+
 def memory_mark(label):
     """While graded with memory measured: have the zygote measure this rank's memory now, under
     `label` (the run's scaffolding marks "start", "built", "after step 0", ...). Elsewhere nothing."""
@@ -71,6 +79,8 @@ def memory_mark(label):
 
     if _probe is None:
         return
+    for settle in _settle_before_mark:
+        settle()
     gc.collect()
     _probe.send(str(label).encode()[:60])
     _probe.recv(16)

@@ -28,9 +28,9 @@ import math
 
 import torch
 
+from dpcourse.backend import rank_device
 from dpcourse.comm.calls import launch_run
 from dpcourse.reference.flat import trainable
-from dpcourse.backend import rank_device
 from dpcourse.runtime.inside_rank import memory_mark
 from dpcourse.runtime.launcher import launch_options, observed_memory
 from dpcourse.topics.zero.runs import LR, build_model, global_gradient
