@@ -244,6 +244,10 @@ class RoutedGroup(dist.ProcessGroup):
     def _allgather_base(self, output, input, opts=None):
         return self._collective("all_gather_into_tensor", [input], list(output.chunk(self.size())))
 
+    def all_gather_single(self, output, input, opts=None):
+        """torch 2.13's name for _allgather_base (dist.all_gather_single, all_gather_into_tensor)."""
+        return self._allgather_base(output, input, opts)
+
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
         return self._collective("all_gather_into_tensor", inputs,
                                 [c for o in outputs for c in o.chunk(self.size())])
@@ -255,6 +259,10 @@ class RoutedGroup(dist.ProcessGroup):
     def _reduce_scatter_base(self, output, input, opts=None):
         return self._collective("reduce_scatter_tensor", list(input.chunk(self.size())), [output],
                                 {"reduce": _reduce_op(opts)})
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        """torch 2.13's name for _reduce_scatter_base (dist.reduce_scatter_single, reduce_scatter_tensor)."""
+        return self._reduce_scatter_base(output, input, opts)
 
     def gather(self, output_lists, inputs, opts):
         outputs = [t for lst in output_lists for t in lst]
