@@ -6,5 +6,6 @@
   checks    verdicts for test cells: routing rules, values and gradients against one process, and
             the all-to-alls of each direction
   pictures  the load of each expert and the dropped tokens of a router on a skewed input
-  costs     bytes per step of expert parallelism's all-to-alls
+(the bytes of expert parallelism's all-to-alls per step are in topics.sequence.costs, next to the
+other ways to split a long-context model)
 """

@@ -16,6 +16,7 @@ import torch
 
 from dpcourse.checks.core import describe
 from dpcourse.topics.experts.models import ALPHA, aux_loss, capacity, choices, mixture, route, served
+from dpcourse.topics.sequence.checks import close
 from dpcourse.topics.tensor.checks import case_group, expect_collectives, expect_tensor
 
 F64 = 8
@@ -127,6 +128,22 @@ def moe_reference(case, world_size):
     return moe, per_rank
 
 
+def _wrong_tokens(got, out, group):
+    """' (wrong for tokens [...], whose kept choices went to experts {...})', to point at an expert."""
+    if not isinstance(got, torch.Tensor) or got.shape != out["y"].shape:
+        return ""
+    bad = ((got.double() - out["y"].detach()).abs() > 1e-8).any(dim=1).nonzero().flatten().tolist()
+    experts = sorted({int(e) for t in bad for e, kept in zip(out["experts"][t], out["kept"][t], strict=True)
+                      if kept})
+    if not bad:
+        return ""
+    n = len(group)
+    per = len(out["load"]) // n
+    owners = sorted({group[e // per] for e in experts})
+    return (f" (wrong for tokens {bad[:8]}{' ...' if len(bad) > 8 else ''}, whose kept choices went to expert(s) "
+            f"{experts}, held by rank(s) {owners})")
+
+
 def _wrong_outputs(moe, x):
     with torch.no_grad():
         return [(route(moe, x, drop=False)["y"], "the token-choices over capacity were processed too: drop them "
@@ -147,7 +164,9 @@ def expect_moe(case_runs, case, what):
         ref, where = reference[run.rank], f"{what}: rank {run.rank}"
         out = ref["out"]
         x = case["xs"][run.rank].double()
-        expect_tensor(run.output, out["y"].detach(), f"{where}'s output y", _wrong_outputs(moe, x))
+        if not close(run.output, out["y"].detach()):
+            expect_tensor(run.output, out["y"].detach(), f"{where}'s output y{_wrong_tokens(run.output, out, group)}",
+                          _wrong_outputs(moe, x))
         expect_tensor(run.aux_loss.reshape(()) if isinstance(run.aux_loss, torch.Tensor) else run.aux_loss,
                       out["aux_loss"].detach(), f"{where}'s aux_loss (of its own {x.shape[0]} tokens)")
         if run.dropped != out["dropped"]:
