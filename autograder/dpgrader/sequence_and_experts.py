@@ -12,6 +12,7 @@ receive no token and every token routed to one expert. Several cases share a lau
 
 import torch
 
+from dpcourse.runtime.launcher import launch
 from dpcourse.topics.experts.checks import expect_moe, expect_routing
 from dpcourse.topics.experts.models import choices, mixture
 from dpcourse.topics.experts.runs import run_moe_cases
@@ -31,25 +32,30 @@ from dpcourse.topics.sequence.checks import (
 from dpcourse.topics.sequence.models import inputs
 from dpcourse.topics.sequence.runs import run_attention_cases, run_block_cases
 from dpcourse.topics.tensor.checks import expect_operator
-from dpcourse.runtime.launcher import launch
 from dpcourse.topics.tensor.runs import run_operator_cases
 
 # What each exercise's expected values come from (autograder/exercises.json lists them).
 REFERENCES = {
     "gather_sequence": "torch.distributed's semantics written out (all-gather along dim 0 forward, "
                        "reduce-scatter of the gradients backward)",
-    "reduce_scatter_sequence": "torch.distributed's semantics written out (reduce-scatter along dim 0 forward, "
+    "reduce_scatter_sequence": "torch.distributed's semantics written out (reduce-scatter along dim 0 "
+                               "forward, "
                                "all-gather backward)",
-    "sequence_parallel_mlp": "the unsharded float64 MLP block on the whole sequence and its gradients; nn.LayerNorm's "
+    "sequence_parallel_mlp": "the unsharded float64 MLP block on the whole sequence and its gradients; "
+                             "nn.LayerNorm's "
                              "saved bytes on the rank's piece, measured in the test process",
-    "ring_attention": "attention written out in float64 on the whole sequence (dpcourse.topics.sequence.models."
+    "ring_attention": "attention written out in float64 on the whole sequence "
+                      "(dpcourse.topics.sequence.models."
                       "attention); the causal pairs each rank needs, counted from the positions",
-    "balanced_positions": "torch.tensor_split's pieces r and 2N - 1 - r (torch's _HeadTailLoadBalancer), written out",
-    "ulysses_attention": "attention written out in float64 on the whole sequence; the all-to-all sizes from the "
+    "balanced_positions": "torch.tensor_split's pieces r and 2N - 1 - r (torch's _HeadTailLoadBalancer), "
+                          "written out",
+    "ulysses_attention": "attention written out in float64 on the whole sequence; the all-to-all sizes from "
+                         "the "
                          "shapes",
     "route_tokens": "dpcourse.topics.experts.models: top-k, capacity served in order, Switch Transformer's "
                     "alpha E sum f_i P_i, written with loops",
-    "expert_parallel_moe": "the single-process mixture-of-experts layer (plain loops) on each rank's tokens, and "
+    "expert_parallel_moe": "the single-process mixture-of-experts layer (plain loops) on each rank's tokens, "
+                           "and "
                            "autograd on it; the all-to-all sizes from its routing",
 }
 
@@ -71,13 +77,18 @@ def _operator_cases(piece_shapes, seed, gathers):
     for groups in GROUPINGS:
         size = {r: len(next(g for g in groups if r in g)) if groups else 4 for r in range(4)}
         for shape in piece_shapes:
-            def whole(r, shape=shape):
-                return (shape[0] * size[r],) + tuple(shape[1:])
-            cases.append(dict(inputs=[inputs(shape if gathers else whole(r), seed + 10 * r) for r in range(4)],
-                              grads=[inputs(whole(r) if gathers else shape, seed + 10 * r + 5) for r in range(4)],
+            wholes = [(shape[0] * size[r], *shape[1:]) for r in range(4)]
+            xs, grads = (shape, wholes) if gathers else (wholes, shape)
+            cases.append(dict(inputs=[inputs(_of(xs, r), seed + 10 * r) for r in range(4)],
+                              grads=[inputs(_of(grads, r), seed + 10 * r + 5) for r in range(4)],
                               groups=groups, label=f"{_label(groups)}, pieces of shape {shape}"))
             seed += 100
     return cases
+
+
+def _of(shapes, rank):
+    """A shape, or rank's shape from a list of them."""
+    return shapes[rank] if isinstance(shapes, list) else shapes
 
 
 def _check_operator(fn, exercise, semantics, rule, gathers):
@@ -88,7 +99,8 @@ def _check_operator(fn, exercise, semantics, rule, gathers):
 
 def check_gather_sequence(gather_sequence):
     _check_operator(gather_sequence, "gather_sequence", gather_semantics,
-                    "g: one all-gather over the group forward, one reduce-scatter over the group backward", True)
+                    "g: one all-gather over the group forward, one reduce-scatter over the group "
+                    "backward", True)
 
 
 def _uneven(fn):
@@ -103,7 +115,8 @@ def _uneven(fn):
 
 def check_reduce_scatter_sequence(reduce_scatter_sequence):
     _check_operator(reduce_scatter_sequence, "reduce_scatter_sequence", reduce_scatter_semantics,
-                    "ḡ: one reduce-scatter over the group forward, one all-gather over the group backward", False)
+                    "ḡ: one reduce-scatter over the group forward, one all-gather over the group "
+                    "backward", False)
     for rank, raised in enumerate(launch(_uneven, 3, reduce_scatter_sequence, group_timeout=5)):
         if not raised.startswith("ValueError"):
             raise AssertionError(f"reduce_scatter_sequence of 4 positions over 3 ranks: rank {rank} raised "
@@ -132,10 +145,12 @@ def _attention_cases(world):
     """Contiguous and head-and-tail splits, lengths that do not split evenly, causal or not, scores in the
     thousands, and (from 3 ranks) an interleaved split (rank r holds r, r + N, ...)."""
     cases = [
-        dict(shape=(1, 2, 4 * world + 1, 4), seeds=(1, 2, 3), positions="contiguous", causal=True, scale=30.0),
+        dict(shape=(1, 2, 4 * world + 1, 4), seeds=(1, 2, 3), positions="contiguous", causal=True,
+             scale=30.0),
         dict(shape=(2, 1, 3 * world, 3), seeds=(4, 5, 6), positions="balanced", causal=True),
         dict(shape=(1, 3, 2 * world + 3, 4), seeds=(7, 8, 9), positions="balanced", causal=False),
-        dict(shape=(1, 2, 5 * world - 1, 2), seeds=(10, 11, 12), positions="contiguous", causal=False, scale=30.0),
+        dict(shape=(1, 2, 5 * world - 1, 2), seeds=(10, 11, 12), positions="contiguous", causal=False,
+             scale=30.0),
     ]
     if world >= 3:
         seq = 3 * world + 1
@@ -143,7 +158,8 @@ def _attention_cases(world):
         cases.append(dict(shape=(1, 2, seq, 4), seeds=(13, 14, 15), positions=strided, causal=True))
     for case in cases:
         case["label"] = (f"{world} rank(s), {case['shape'][2]} positions, "
-                         f"{case['positions'] if isinstance(case['positions'], str) else 'interleaved'} split, "
+                         f"{case['positions'] if isinstance(case['positions'], str) else 'interleaved'} "
+                         "split, "
                          f"{'causal' if case['causal'] else 'not causal'}"
                          + (", scores in the thousands" if case.get("scale") else ""))
     return cases
@@ -170,9 +186,10 @@ def check_ring_attention_work(ring_attention):
             expect_work(case_runs, case, f"ring_attention on {case['label']}")
             if case["positions"] == "balanced":
                 expect_balanced(case_runs, case, f"ring_attention on {case['label']}")
-    blocks = {n: dict(shape=(1, 2, 8 * n, 16), seeds=(26, 27, 28), positions="balanced", causal=True) for n in (1, 6)}
-    alone, ring = (run_attention_cases(ring_attention, n, [blocks[n]], exercise="ring_attention", p2p_only=True)[0]
-                   for n in (1, 6))
+    blocks = {n: dict(shape=(1, 2, 8 * n, 16), seeds=(26, 27, 28), positions="balanced", causal=True)
+              for n in (1, 6)}
+    alone, ring = (run_attention_cases(ring_attention, n, [blocks[n]], exercise="ring_attention",
+                                       p2p_only=True)[0] for n in (1, 6))
     expect_flat_memory(alone, ring, "ring_attention (1 and 6 ranks, 8 positions each, causal)",
                        block_bytes(blocks[1], torch.arange(8)))
 
@@ -209,14 +226,16 @@ def check_ulysses_attention(ulysses_attention):
             dict(shape=(1, heads, 2 * world, 3), seeds=(36, 37, 38), positions="contiguous", causal=False),
         ]
         for case in cases:
-            case["label"] = (f"{world} rank(s), {heads} heads, {case['shape'][2]} positions, {case['positions']} "
+            case["label"] = (f"{world} rank(s), {heads} heads, {case['shape'][2]} positions, "
+                             f"{case['positions']} "
                              f"split, {'causal' if case['causal'] else 'not causal'}")
         runs = run_attention_cases(ulysses_attention, world, cases, exercise="ulysses_attention")
         for case, case_runs in zip(cases, runs, strict=True):
             expect_ulysses(case_runs, case, f"ulysses_attention on {case['label']}")
     for rank, raised in enumerate(launch(_heads, 3, ulysses_attention, group_timeout=5)):
         if not raised.startswith("ValueError"):
-            raise AssertionError(f"ulysses_attention with 4 heads on 3 ranks: rank {rank} raised {raised[:200]}; "
+            raise AssertionError(f"ulysses_attention with 4 heads on 3 ranks: rank {rank} raised "
+                                 f"{raised[:200]}; "
                                  f"expected a ValueError (4 heads do not split evenly over 3 ranks)")
 
 
@@ -259,7 +278,8 @@ def check_expert_parallel_moe(ExpertParallelMoE):
     token sent to expert 1; 6 experts over a group of 3 (a skewed router: some experts get no token) next
     to a group of 1 holding all 6."""
     layouts = [  # (groups, full layer, tokens per rank, every token to one expert)
-        (None, dict(d_model=4, d_hidden=6, n_experts=8, k=2, capacity_factor=0.5, seed=44), [3, 8, 5, 6], False),
+        (None, dict(d_model=4, d_hidden=6, n_experts=8, k=2, capacity_factor=0.5, seed=44), [3, 8, 5, 6],
+         False),
         ([[0, 1], [2, 3]], dict(d_model=4, d_hidden=6, n_experts=4, k=1, capacity_factor=2.0, seed=43),
          [6, 5, 4, 3], True),
         ([[0, 1, 2], [3]], dict(d_model=4, d_hidden=5, n_experts=6, k=2, capacity_factor=1.0, seed=42,
@@ -273,7 +293,8 @@ def check_expert_parallel_moe(ExpertParallelMoE):
             xs = [inputs((t, full["d_model"]), 50 + r) for r, t in enumerate(tokens)]
         cases.append(dict(full=full, xs=xs, groups=groups,
                           dys=[inputs((t, full["d_model"]), 60 + r) for r, t in enumerate(tokens)],
-                          label=(f"{_label(groups)}, {full['n_experts']} experts, top-{full['k']}, capacity factor "
+                          label=(f"{_label(groups)}, {full['n_experts']} experts, top-{full['k']}, capacity "
+                                 "factor "
                                  f"{full['capacity_factor']}, tokens per rank {tokens}"
                                  + (", every token to expert 1" if one_expert else ""))))
     runs = run_moe_cases(ExpertParallelMoE, 4, cases, exercise="ExpertParallelMoE")

@@ -57,7 +57,8 @@ BUGS = [
                 "        out = total.chunk(n)[dist.get_rank(ctx.group)].contiguous()\n")],
         loses=_all(GATHER, "expected reduce_scatter or reduce_scatter_tensor")),
     Bug("gather_sequence", "g_keeps_its_own_gradient",
-        patch=[("        dist.reduce_scatter_single(out, grad.contiguous(), group=ctx.group)\n        return out, None",
+        patch=[("        dist.reduce_scatter_single(out, grad.contiguous(), group=ctx.group)\n        "
+                "return out, None",
                 "        return grad.chunk(n)[dist.get_rank(ctx.group)].contiguous(), None")],
         loses=_all(GATHER, "issued no communication in backward")),
     Bug("gather_sequence", "g_backward_averages",
@@ -116,7 +117,8 @@ BUGS = [
                 "            lse[..., rows] = new\n",
                 "            total = torch.exp(old) + torch.exp(block_lse)\n"
                 "            out[..., rows, :] = (out[..., rows, :] * torch.exp(old).unsqueeze(-1)\n"
-                "                                 + block_out * torch.exp(block_lse).unsqueeze(-1)) / total.unsqueeze(-1)\n"
+                "                                 + block_out * torch.exp(block_lse).unsqueeze(-1)) / "
+                "total.unsqueeze(-1)\n"
                 "            lse[..., rows] = torch.log(total)\n")],
         loses={"test_ring_attention_causal": "holds inf or nan"},
         keeps=["test_ring_attention_basic"]),
@@ -141,11 +143,16 @@ BUGS = [
         keeps=["test_ring_attention_basic"]),
     Bug("ring_attention", "k_and_v_sent_separately",
         patch=[("            requests = dist.batch_isend_irecv([dist.P2POp(dist.isend, kv, (me + 1) % n),\n"
-                "                                               dist.P2POp(dist.irecv, incoming, (me - 1) % n)])\n",
-                "            requests = dist.batch_isend_irecv([dist.P2POp(dist.isend, kv[0].contiguous(), (me + 1) % n),\n"
-                "                                               dist.P2POp(dist.isend, kv[1].contiguous(), (me + 1) % n),\n"
-                "                                               dist.P2POp(dist.irecv, incoming[0], (me - 1) % n),\n"
-                "                                               dist.P2POp(dist.irecv, incoming[1], (me - 1) % n)])\n")],
+                "                                               dist.P2POp(dist.irecv, incoming, (me - 1) % "
+                "n)])\n",
+                "            requests = dist.batch_isend_irecv([dist.P2POp(dist.isend, kv[0].contiguous(), "
+                "(me + 1) % n),\n"
+                "                                               dist.P2POp(dist.isend, kv[1].contiguous(), "
+                "(me + 1) % n),\n"
+                "                                               dist.P2POp(dist.irecv, incoming[0], (me - "
+                "1) % n),\n"
+                "                                               dist.P2POp(dist.irecv, incoming[1], (me - "
+                "1) % n)])\n")],
         loses=_all(RING, "one message per step with K and V together")),
     Bug("ring_attention", "keeps_every_block_it_received",
         patch=[("    kv = torch.stack((k, v))\n", "    kv = torch.stack((k, v))\n    received = []\n"),
@@ -153,18 +160,21 @@ BUGS = [
         loses={"test_ring_attention_work": "it keeps the blocks it received"},
         keeps=["test_ring_attention_basic"]),
     Bug("ring_attention", "no_causal_skipping",
-        patch=[("        if causal:                             # only queries that see a key, only keys some query sees\n"
+        patch=[("        if causal:                             # only queries that see a key, only keys "
+                "some query sees\n"
                 "            rows, cols = rows[mine >= keys.min()], cols[keys <= mine.max()]\n", ""),
                ("            out[..., rows, :] = (out[..., rows, :] * torch.exp(old - new).unsqueeze(-1)\n"
                 "                                 + block_out * torch.exp(block_lse - new).unsqueeze(-1))\n",
                 "            out[..., rows, :] = (out[..., rows, :] * torch.exp(old - new).unsqueeze(-1)\n"
-                "                                 + block_out.nan_to_num(0.0) * torch.exp(block_lse - new).unsqueeze(-1))\n")],
+                "                                 + block_out.nan_to_num(0.0) * torch.exp(block_lse - "
+                "new).unsqueeze(-1))\n")],
         loses={"test_ring_attention_work": "its causal pairs need"},
         keeps=["test_ring_attention_basic"]),
 
     # -- balanced_positions ------------------------------------------------------------------------------
     Bug("balanced_positions", "contiguous_split",
-        patch=[("    return [torch.cat((pieces[r], pieces[2 * world_size - 1 - r])) for r in range(world_size)]",
+        patch=[("    return [torch.cat((pieces[r], pieces[2 * world_size - 1 - r])) for r in "
+                "range(world_size)]",
                 "    return list(torch.arange(seq_len).tensor_split(world_size))")],
         loses=_all(BALANCED, "the contiguous split")),
     Bug("balanced_positions", "tail_piece_off_by_one",
@@ -183,8 +193,10 @@ BUGS = [
 
     # -- ulysses_attention ------------------------------------------------------------------------------
     Bug("ulysses_attention", "output_splits_transposed",
-        patch=[("    dist.all_to_all_single(mine, back, [b * h * s * d] * n, [b * h * size * d for size in sizes])",
-                "    dist.all_to_all_single(mine, back, [b * h * size * d for size in sizes], [b * h * s * d] * n)")],
+        patch=[("    dist.all_to_all_single(mine, back, [b * h * s * d] * n, [b * h * size * d for size in "
+                "sizes])",
+                "    dist.all_to_all_single(mine, back, [b * h * size * d for size in sizes], [b * h * s * "
+                "d] * n)")],
         loses={"test_ulysses_attention_uneven": "raised on rank"},
         keeps=["test_ulysses_attention_basic"]),
     Bug("ulysses_attention", "heads_not_checked",
@@ -192,8 +204,10 @@ BUGS = [
         loses={"test_ulysses_attention_uneven": "expected a ValueError"},
         keeps=["test_ulysses_attention_basic"]),
     Bug("ulysses_attention", "pieces_in_reverse_order",
-        patch=[("    whole = torch.cat([p.view(b, 3, h, size, d) for p, size in zip(pieces, sizes)], dim=3)",
-                "    whole = torch.cat([p.view(b, 3, h, size, d) for p, size in zip(pieces, sizes)][::-1], dim=3)")],
+        patch=[("    whole = torch.cat([p.view(b, 3, h, size, d) for p, size in zip(pieces, sizes, "
+                "strict=True)], dim=3)",
+                "    whole = torch.cat([p.view(b, 3, h, size, d) for p, size in zip(pieces, sizes, "
+                "strict=True)][::-1], dim=3)")],
         loses=_all(ULYSSES, "'s output (its queries")),
     Bug("ulysses_attention", "causal_mask_dropped",
         patch=[("order, order, causal)", "order, order, False)")],
@@ -212,7 +226,8 @@ BUGS = [
         loses=_all(ROUTE, "is dropped, expected kept")),
     Bug("route_tokens", "aux_fraction_of_kept_tokens",
         patch=[("    fraction = F.one_hot(experts[:, 0], n_experts).to(probs.dtype).mean(dim=0)",
-                "    fraction = F.one_hot(experts[:, 0][kept[:, 0]], n_experts).to(probs.dtype).sum(dim=0) / tokens")],
+                "    fraction = F.one_hot(experts[:, 0][kept[:, 0]], n_experts).to(probs.dtype).sum(dim=0) "
+                "/ tokens")],
         loses={"test_route_tokens_top2": "counted the kept tokens only"}),
     Bug("route_tokens", "aux_without_the_number_of_experts",
         patch=[("    aux_loss = alpha * n_experts * (fraction * probs.mean(dim=0)).sum()",
@@ -254,7 +269,8 @@ BUGS = [
              loses={"test_expert_parallel_moe_top2": "raised on rank"},
              keeps=["test_expert_parallel_moe_basic"]),
     _moe_bug("arrivals_given_to_the_wrong_expert",
-             patch=[("        local = torch.arange(self.per_rank, device=x.device).repeat(n).repeat_interleave("
+             patch=[("        local = torch.arange(self.per_rank, "
+                     "device=x.device).repeat(n).repeat_interleave("
                      "incoming.reshape(-1))",
                      "        local = torch.arange(self.per_rank, device=x.device).repeat_interleave("
                      "incoming.sum(dim=0))")],

@@ -29,7 +29,8 @@ COUNTS = ("all_to_all_single", "all_to_all", "all_gather", "all_gather_into_tens
 def expect_routing(got, logits, k, capacity_factor, what, alpha=ALPHA):
     """got = route_tokens(logits, k, capacity_factor): (experts, gates, kept, aux_loss) as the rules say."""
     if not (isinstance(got, (tuple, list)) and len(got) == 4):
-        raise AssertionError(f"{what} should return (experts, gates, kept, aux_loss), got {describe(got)[:200]}")
+        raise AssertionError(f"{what} should return (experts, gates, kept, aux_loss), got "
+                             f"{describe(got)[:200]}")
     experts, gates, kept, aux = got
     tokens, n_experts = logits.shape
     probs, want_experts, want_gates = choices(logits.double(), k)
@@ -38,18 +39,22 @@ def expect_routing(got, logits, k, capacity_factor, what, alpha=ALPHA):
             raise AssertionError(f"{what}: {name} should be a tensor, got {type(value).__name__}")
     if experts.shape != (tokens, k) or experts.dtype != torch.int64:
         raise AssertionError(f"{what}: experts should be an int64 tensor of shape ({tokens}, {k}) (each "
-                             f"token's k experts, most probable first), got {experts.dtype} {tuple(experts.shape)}")
+                             f"token's k experts, most probable first), got {experts.dtype} "
+                             f"{tuple(experts.shape)}")
     if not torch.equal(experts.cpu(), want_experts):
         t = _first_row(experts.cpu() != want_experts)
         raise AssertionError(f"{what}: token {t} chose experts {experts[t].tolist()}, expected "
-                             f"{want_experts[t].tolist()}: the {k} largest probabilities, most probable first "
+                             f"{want_experts[t].tolist()}: the {k} largest probabilities, most probable "
+                             "first "
                              f"(softmax(logits).topk(k)), p = {[round(p, 4) for p in probs[t].tolist()]}")
     wrong_gates = []
     if k > 1:
         wrong_gates.append((probs.gather(1, want_experts), "the probabilities themselves: with k = 2 the two "
-                                                           "gates are divided by their sum (they add up to 1)"))
+                                                           "gates are divided by their sum (they add up to "
+                                                           "1)"))
     else:
-        wrong_gates.append((torch.ones_like(want_gates), "all ones: the gate is the chosen expert's probability"))
+        wrong_gates.append((torch.ones_like(want_gates), "all ones: the gate is the chosen expert's "
+                                                         "probability"))
     expect_tensor(gates, want_gates, f"{what}: gates", wrong_gates)
     cap = capacity(tokens, n_experts, k, capacity_factor)
     want_kept = served(want_experts, cap, n_experts)
@@ -57,7 +62,9 @@ def expect_routing(got, logits, k, capacity_factor, what, alpha=ALPHA):
         raise AssertionError(f"{what}: kept should be a bool tensor of shape ({tokens}, {k}), got "
                              f"{kept.dtype} {tuple(kept.shape)}")
     if not torch.equal(kept.cpu(), want_kept):
-        raise AssertionError(f"{what}: {_kept_message(kept.cpu(), want_kept, want_experts, cap, tokens, k, n_experts, capacity_factor)}")
+        message = _kept_message(kept.cpu(), want_kept, want_experts, cap, tokens, k, n_experts,
+                                capacity_factor)
+        raise AssertionError(f"{what}: {message}")
     want_aux = aux_loss(probs, want_experts, alpha)
     wrong_aux = _aux_mistakes(probs, want_experts, want_kept, alpha)
     expect_tensor(aux.reshape(()), want_aux, f"{what}: aux_loss (alpha · E · sum_i f_i · P_i)", wrong_aux)
@@ -80,7 +87,8 @@ def _kept_message(kept, want, experts, cap, tokens, k, n_experts, capacity_facto
             + (", ..." if len(takers) > cap + 2 else "")
             + " -- first choices in token order, then second choices; it takes the first C")
     extra = f" (expert {over[0]} kept {counts[over[0]]} > C = {cap})" if over else ""
-    return f"token {t}'s choice {c} (expert {e}) is {state}, expected {'kept' if want[t, c] else 'dropped'}{extra}: {rule}"
+    return (f"token {t}'s choice {c} (expert {e}) is {state}, expected "
+            f"{'kept' if want[t, c] else 'dropped'}{extra}: {rule}")
 
 
 def _aux_mistakes(probs, experts, kept, alpha):
@@ -90,19 +98,25 @@ def _aux_mistakes(probs, experts, kept, alpha):
     kept_first = torch.bincount(experts[:, 0][kept[:, 0]], minlength=n_experts).double() / tokens
     every = torch.bincount(experts.flatten(), minlength=n_experts).double() / (tokens * experts.shape[1])
     return [
-        (alpha * (first * P).sum(), "the factor E (the number of experts) is missing: alpha · E · sum f_i P_i"),
-        (alpha * n_experts * (P * P).sum(), "f_i must be the fraction of tokens whose first choice is expert i "
+        (alpha * (first * P).sum(), "the factor E (the number of experts) is missing: alpha · E · sum f_i "
+                                    "P_i"),
+        (alpha * n_experts * (P * P).sum(), "f_i must be the fraction of tokens whose first choice is "
+                                            "expert i "
                                             "(a count, not probabilities)"),
-        (alpha * n_experts * (kept_first * P).sum(), "f_i counted the kept tokens only: it counts the router's "
+        (alpha * n_experts * (kept_first * P).sum(), "f_i counted the kept tokens only: it counts the "
+                                                     "router's "
                                                      "choices, before the capacity drops any"),
         (alpha * n_experts * (every * P).sum(), "f_i counted every choice of a token: Switch Transformer's "
                                                 "f_i counts the first choice (argmax) only"),
         ((first * P).sum() * n_experts, "alpha (0.01) is missing"),
     ] if experts.shape[1] > 1 else [
-        (alpha * (first * P).sum(), "the factor E (the number of experts) is missing: alpha · E · sum f_i P_i"),
-        (alpha * n_experts * (P * P).sum(), "f_i must be the fraction of tokens whose first choice is expert i "
+        (alpha * (first * P).sum(), "the factor E (the number of experts) is missing: alpha · E · sum f_i "
+                                    "P_i"),
+        (alpha * n_experts * (P * P).sum(), "f_i must be the fraction of tokens whose first choice is "
+                                            "expert i "
                                             "(a count, not probabilities)"),
-        (alpha * n_experts * (kept_first * P).sum(), "f_i counted the kept tokens only: it counts the router's "
+        (alpha * n_experts * (kept_first * P).sum(), "f_i counted the kept tokens only: it counts the "
+                                                     "router's "
                                                      "choices, before the capacity drops any"),
         ((first * P).sum() * n_experts, "alpha (0.01) is missing"),
     ]
@@ -140,13 +154,15 @@ def _wrong_tokens(got, out, group):
     n = len(group)
     per = len(out["load"]) // n
     owners = sorted({group[e // per] for e in experts})
-    return (f" (wrong for tokens {bad[:8]}{' ...' if len(bad) > 8 else ''}, whose kept choices went to expert(s) "
+    return (f" (wrong for tokens {bad[:8]}{' ...' if len(bad) > 8 else ''}, whose kept choices went to "
+            "expert(s) "
             f"{experts}, held by rank(s) {owners})")
 
 
 def _wrong_outputs(moe, x):
     with torch.no_grad():
-        return [(route(moe, x, drop=False)["y"], "the token-choices over capacity were processed too: drop them "
+        return [(route(moe, x, drop=False)["y"], "the token-choices over capacity were processed too: drop "
+                                                 "them "
                                                  "(they add nothing to y)"),
                 (route(moe, x, gated=False)["y"], "the experts' outputs were not weighed by their gates")]
 
@@ -165,13 +181,16 @@ def expect_moe(case_runs, case, what):
         out = ref["out"]
         x = case["xs"][run.rank].double()
         if not close(run.output, out["y"].detach()):
-            expect_tensor(run.output, out["y"].detach(), f"{where}'s output y{_wrong_tokens(run.output, out, group)}",
+            tokens = _wrong_tokens(run.output, out, group)
+            expect_tensor(run.output, out["y"].detach(), f"{where}'s output y{tokens}",
                           _wrong_outputs(moe, x))
         expect_tensor(run.aux_loss.reshape(()) if isinstance(run.aux_loss, torch.Tensor) else run.aux_loss,
                       out["aux_loss"].detach(), f"{where}'s aux_loss (of its own {x.shape[0]} tokens)")
         if run.dropped != out["dropped"]:
-            raise AssertionError(f"{where}: `dropped` is {run.dropped}, expected {out['dropped']} token-choices "
-                                 f"over capacity (C = {out['capacity']} per expert for its {x.shape[0]} tokens)")
+            raise AssertionError(f"{where}: `dropped` is {run.dropped}, expected {out['dropped']} "
+                                 "token-choices "
+                                 f"over capacity (C = {out['capacity']} per expert for its {x.shape[0]} "
+                                 "tokens)")
         if run.no_grad or run.input_grad is None:
             raise AssertionError(f"{where}: no gradient reached x: the all-to-alls must carry gradients back "
                                  f"(an autograd.Function whose backward is the all-to-all the other way)")
@@ -199,20 +218,24 @@ def expect_moe(case_runs, case, what):
         counts = (COUNTS, None)
         expect_collectives(run, [o for o in run.forward], [counts, (ALL_TO_ALL, sent * d * F64),
                                                            (ALL_TO_ALL, received * d * F64)],
-                           what, "forward", group, rule="one exchange of token counts, then the kept tokens to "
+                           what, "forward", group, rule="one exchange of token counts, then the kept tokens "
+                                                        "to "
                                                         "their experts' ranks and the results back: two "
                                                         "all-to-alls with uneven splits")
         _expect_small(run, run.forward[:1], n_experts, n, what)
-        expect_collectives(run, run.backward, [(ALL_TO_ALL, sent * d * F64), (ALL_TO_ALL, received * d * F64)],
-                           what, "backward", group, rule="each all-to-all's backward is the all-to-all the other "
-                                                         "way, with the splits swapped")
+        backward = [(ALL_TO_ALL, sent * d * F64), (ALL_TO_ALL, received * d * F64)]
+        expect_collectives(run, run.backward, backward, what, "backward", group,
+                           rule="each all-to-all's backward is the all-to-all the other way, with the splits "
+                                "swapped")
 
 
 def _expect_small(run, ops, n_experts, n, what):
     for o in ops:
         if o.nbytes > F64 * n_experts * n:
-            raise AssertionError(f"{what}: rank {run.rank}'s first {o.op} carried {o.nbytes} bytes: exchange the "
-                                 f"token counts per expert ({n_experts} integers) before the tokens themselves")
+            raise AssertionError(f"{what}: rank {run.rank}'s first {o.op} carried {o.nbytes} bytes: "
+                                 "exchange the "
+                                 f"token counts per expert ({n_experts} integers) before the tokens "
+                                 "themselves")
 
 
 def _token_counts(reference, group, rank, n_experts, n):
@@ -236,9 +259,12 @@ def _expect_held(run, moe, group, what):
         for name, p in moe.experts[index * per + j].named_parameters():
             expected[f"experts.{j}.{name}"] = p
     if sorted(run.params) != sorted(expected):
-        raise AssertionError(f"{what}: rank {run.rank}'s layer has parameters {sorted(run.params)[:8]}, expected "
-                             f"{sorted(expected)[:8]}{' ...' if len(expected) > 8 else ''}: a copy of the router "
-                             f"as `router` and its {per} expert(s) as `experts` (an nn.ModuleList), nothing else")
+        raise AssertionError(f"{what}: rank {run.rank}'s layer has parameters {sorted(run.params)[:8]}, "
+                             "expected "
+                             f"{sorted(expected)[:8]}{' ...' if len(expected) > 8 else ''}: a copy of the "
+                             "router "
+                             f"as `router` and its {per} expert(s) as `experts` (an nn.ModuleList), nothing "
+                             "else")
     for name, want in expected.items():
         got = run.params[name]
         if got.shape == want.shape and torch.equal(got.double(), want.detach().double()):
@@ -249,6 +275,8 @@ def _expect_held(run, moe, group, what):
                                   .detach().double())), None)
         hint = ""
         if owner is not None:
-            hint = (f" -- it holds expert {owner}'s; rank {run.rank} is rank {index} of its group of {n}, whose "
-                    f"experts are {index * per}..{index * per + per - 1} (dist.get_rank(group) x E / N onwards)")
+            hint = (f" -- it holds expert {owner}'s; rank {run.rank} is rank {index} of its group of {n}, "
+                    "whose "
+                    f"experts are {index * per}..{index * per + per - 1} (dist.get_rank(group) x E / N "
+                    "onwards)")
         raise AssertionError(f"{what}: rank {run.rank}'s {name} is not the expected expert's{hint}")

@@ -40,15 +40,18 @@ class MoERun(RankRun):
 
 def run_moe_cases(cls, world_size, cases, *, exercise, group_timeout=TIMEOUTS["test_group"], deadline=None):
     """Launch world_size ranks and run every case on them (see the module docstring)."""
-    per_rank = launch(_moe_side, world_size, cls, cases, exercise, group_timeout=group_timeout, deadline=deadline)
+    per_rank = launch(_moe_side, world_size, cls, cases, exercise, group_timeout=group_timeout,
+                      deadline=deadline)
     runs = []
     for index, case in enumerate(cases):
         case_runs = []
         for rank in range(world_size):
             report = per_rank[rank][index]
             case_runs.append(MoERun(rank, members_of(case, rank, world_size), output=report.get("output"),
-                                    input_grad=report.get("input_grad"), forward=ops_of(report.get("forward")),
-                                    backward=ops_of(report.get("backward")), params=report.get("params") or {},
+                                    input_grad=report.get("input_grad"),
+                                    forward=ops_of(report.get("forward")),
+                                    backward=ops_of(report.get("backward")),
+                                    params=report.get("params") or {},
                                     grads=report.get("grads") or {}, no_grad=bool(report.get("no_grad")),
                                     aux_loss=report.get("aux_loss"), dropped=report.get("dropped")))
         runs.append(case_runs)
@@ -84,7 +87,8 @@ def _moe_side(cls, cases, exercise):
             _fail(exercise, label, f"forward must return two tensors (y, aux_loss), got "
                                    f"({type(y).__name__}, {type(aux).__name__})")
         dropped = getattr(layer, "dropped", None)
-        report = {"forward": plain_ops(forward.ops), "output": y.detach().clone(), "aux_loss": aux.detach().clone(),
+        report = {"forward": plain_ops(forward.ops), "output": y.detach().clone(),
+                  "aux_loss": aux.detach().clone(),
                   "dropped": int(dropped) if isinstance(dropped, (int, torch.Tensor)) else None}
         dy = case["dys"][rank].to(rank_device())
         if y.shape == dy.shape and aux.numel() == 1:
@@ -97,6 +101,7 @@ def _moe_side(cls, cases, exercise):
                 report["no_grad"] = True
         report["input_grad"] = x.grad.clone() if x.grad is not None else None
         report["params"] = {n: p.detach().clone() for n, p in layer.named_parameters()}
-        report["grads"] = {n: (p.grad.clone() if p.grad is not None else None) for n, p in layer.named_parameters()}
+        report["grads"] = {n: (p.grad.clone() if p.grad is not None else None)
+                           for n, p in layer.named_parameters()}
         reports.append(to_cpu(report))
     return reports

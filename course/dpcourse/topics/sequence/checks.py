@@ -64,7 +64,8 @@ def _world_sum(tensors, index, n):
     """The world's sum, this rank's piece of it: a known wrong answer, when every rank's shapes agree."""
     if len({tuple(t.shape) for t in tensors}) > 1:
         return []
-    return [(piece(_sum(tensors, range(len(tensors))), index, n), "summed over every rank of the world, not the "
+    return [(piece(_sum(tensors, range(len(tensors))), index, n), "summed over every rank of the world, not "
+                                                                  "the "
                                                                    "group")]
 
 
@@ -90,7 +91,8 @@ def gather_semantics(case, world_size):
             (piece(dys[rank].double(), index, n),
              "this rank's own piece of its own gradient: every rank's gradient of the gathered sequence is "
              "different (each feeds its own slice of the weights), so they are summed -- a reduce-scatter"),
-            (piece(total, index, n) / n, "averaged: backward sums the ranks' gradients, it does not divide by N"),
+            (piece(total, index, n) / n, "averaged: backward sums the ranks' gradients, it does not divide "
+                                         "by N"),
             *_world_sum(dys, index, n)]
     return out
 
@@ -166,13 +168,15 @@ def expect_block(case_runs, case, what, rule=""):
         expected_y = piece(y, index, n)
         if isinstance(run.output, torch.Tensor) and run.output.shape == y.shape and n > 1:
             raise AssertionError(f"{where}'s output has the whole sequence's shape {tuple(y.shape)}: return "
-                                 f"this rank's piece, {tuple(expected_y.shape)} (reduce-scatter, not all-reduce)")
+                                 f"this rank's piece, {tuple(expected_y.shape)} (reduce-scatter, not "
+                                 "all-reduce)")
         if not close(run.output, expected_y):
             expect_tensor(run.output, expected_y, f"{where}'s output (its piece of the sequence)",
                           _block_mistakes(case, index, n))
         expect_norm_memory(run, case, index, n, what)
         if run.no_grad:
-            raise AssertionError(f"{where}'s output does not require grad: gradients cannot reach the weights")
+            raise AssertionError(f"{where}'s output does not require grad: gradients cannot reach the "
+                                 "weights")
         if run.input_grad is None:
             raise AssertionError(f"{where}: no gradient reached its piece of x")
         expect_tensor(run.input_grad, piece(x_grad, index, n), f"{where}'s gradient of its piece of x")
@@ -211,10 +215,12 @@ def _block_mistakes(case, index, n):
     x = case["x"].double()
     with torch.no_grad():
         inner = block.fc2(block.act(block.fc1(block.norm(x))))
-        wrong = [(piece(inner, index, n), "the residual x is missing: the block returns x + MLP(LayerNorm(x))")]
+        wrong = [(piece(inner, index, n), "the residual x is missing: the block returns x + "
+                                          "MLP(LayerNorm(x))")]
         if block.fc2.bias is not None:
             wrong.append((piece(x + inner + (n - 1) * block.fc2.bias, index, n),
-                          f"fc2's bias was added on every rank before the reduce-scatter, so summed {n} times: "
+                          f"fc2's bias was added on every rank before the reduce-scatter, so summed {n} "
+                          "times: "
                           f"add it once, after"))
     return wrong
 
@@ -283,7 +289,8 @@ def expect_ring_messages(runs, case, what):
         recvs = [o for o in run.ops if o.op in ("recv", "recv_any_source")]
         others = [o.op for o in run.ops if o.op not in ("send", "recv", "recv_any_source")]
         if others:
-            raise AssertionError(f"{what}: rank {run.rank} called {others[0]}: blocks travel by send/recv only")
+            raise AssertionError(f"{what}: rank {run.rank} called {others[0]}: blocks travel by send/recv "
+                                 "only")
         if len(sends) != n - 1 or len(recvs) != n - 1:
             raise AssertionError(
                 f"{what}: rank {run.rank} sent {len(sends)} and received {len(recvs)} message(s) on {n} "
@@ -293,14 +300,17 @@ def expect_ring_messages(runs, case, what):
             nxt, prev = (run.rank + 1) % n, (run.rank - 1) % n
             if send.world_peer != nxt or recv.world_peer != prev:
                 raise AssertionError(
-                    f"{what}: at step {step} rank {run.rank} sent to rank {send.world_peer} and received from "
-                    f"rank {recv.world_peer}: pass blocks to the next rank, (rank + 1) % N = {nxt}, and receive "
+                    f"{what}: at step {step} rank {run.rank} sent to rank {send.world_peer} and received "
+                    "from "
+                    f"rank {recv.world_peer}: pass blocks to the next rank, (rank + 1) % N = {nxt}, and "
+                    "receive "
                     f"from the previous one, (rank - 1) % N = {prev} (the direction torch's ring takes)")
             source = (run.rank - step) % n
             want = block_bytes(case, positions[source])
             if send.nbytes != want:
                 raise AssertionError(
-                    f"{what}: at step {step} rank {run.rank} sent {send.nbytes} bytes, expected {want}: K and V "
+                    f"{what}: at step {step} rank {run.rank} sent {send.nbytes} bytes, expected {want}: K "
+                    "and V "
                     f"of the block it holds then, rank {source}'s ({len(positions[source])} positions: 2 x "
                     f"batch x heads x {len(positions[source])} x d_head x 8 bytes)")
 
@@ -361,9 +371,11 @@ def ring_mistakes(case, world_size, rank):
     """[(wrong output, what went wrong)] of the ring's known mistakes, for one rank."""
     n, causal = world_size, case.get("causal", False)
     candidates = [
-        (dict(steps=1), "only the rank's own block was used: the other blocks never arrived or were not merged"),
+        (dict(steps=1), "only the rank's own block was used: the other blocks never arrived or were not "
+                        "merged"),
         (dict(steps=n - 1), f"the block of the last step (step {n - 1}) is missing from the result"),
-        (dict(merge="no_rescale"), "the output so far was not rescaled when a block was merged: multiply it by "
+        (dict(merge="no_rescale"), "the output so far was not rescaled when a block was merged: multiply it "
+                                   "by "
                                    "exp(old lse - new lse), and the block's by exp(block lse - new lse)"),
         (dict(merge="mean"), "the blocks' outputs were averaged: weigh each by its share of the softmax, "
                              "exp(block lse - new lse) (the log-sum-exp rule)"),
@@ -398,10 +410,12 @@ def expect_ring_values(runs, case, what):
                 not torch.isfinite(run.output).all():
             bad = (~torch.isfinite(run.output)).any(dim=-1).any(dim=0).any(dim=0).nonzero().flatten()
             pos = run.positions[bad[0]].item() if len(bad) else "?"
+            large = case.get("scale", 1) > 1
             why = ("exp() of large scores overflowed -- subtract the maximum before exponentiating "
-                   "(torch.logsumexp does), and merge blocks with the log-sum-exp rule" if case.get("scale", 1) > 1
+                   "(torch.logsumexp does), and merge blocks with the log-sum-exp rule" if large
                    else "a query that sees none of a block's keys has scores all -inf and lse -inf, and "
-                        "exp(-inf - (-inf)) is nan -- compute a block only for the queries that see one of its keys")
+                        "exp(-inf - (-inf)) is nan -- compute a block only for the queries that see one of "
+                        "its keys")
             raise AssertionError(f"{where}'s output holds inf or nan (first at query position {pos}): {why}")
         if close(run.output, expected[run.rank]):
             continue
@@ -446,12 +460,14 @@ def expect_work(runs, case, what, waste=1.1):
     need = needed_flops(case, len(runs))
     for run in runs:
         if run.flops == 0 and need[run.rank]:
-            raise AssertionError(f"{what}: torch's FLOP counter saw no matrix product on rank {run.rank}: compute "
+            raise AssertionError(f"{what}: torch's FLOP counter saw no matrix product on rank {run.rank}: "
+                                 "compute "
                                  f"scores and outputs with @ (torch.matmul), as attention_block does")
         if run.flops > waste * need[run.rank]:
             raise AssertionError(
                 f"{what}: rank {run.rank} did {run.flops:,} FLOPs, {run.flops / need[run.rank]:.2f}x the "
-                f"{need[run.rank]:,} its causal pairs need: skip a block whose keys all come after every query, "
+                f"{need[run.rank]:,} its causal pairs need: skip a block whose keys all come after every "
+                "query, "
                 f"and compute a block only for the queries that see one of its keys and the keys some query "
                 f"sees")
 
@@ -462,8 +478,10 @@ def expect_balanced(runs, case, what, factor=1.1):
     mean = sum(flops) / len(flops)
     worst = max(range(len(runs)), key=lambda r: flops[r])
     if mean and flops[worst] > factor * mean:
-        raise AssertionError(f"{what}: rank {worst} did {flops[worst] / mean:.2f}x the mean work of the ranks "
-                             f"(FLOPs per rank {flops}), more than {factor}x: the causal work is not balanced")
+        raise AssertionError(f"{what}: rank {worst} did {flops[worst] / mean:.2f}x the mean work of the "
+                             "ranks "
+                             f"(FLOPs per rank {flops}), more than {factor}x: the causal work is not "
+                             "balanced")
 
 
 def expect_flat_memory(alone, ring, what, block):
@@ -477,7 +495,8 @@ def expect_flat_memory(alone, ring, what, block):
         raise AssertionError(
             f"{what}: with the same block per rank, rank {rank}'s peak memory in the call grew from "
             f"{max(r.peak for r in alone):,} bytes on 1 rank to {ring[rank].peak:,} on {len(ring)} ranks "
-            f"(+{grow:,}; a K/V block is {block:,}): it keeps the blocks it received. Hold only the block you "
+            f"(+{grow:,}; a K/V block is {block:,}): it keeps the blocks it received. Hold only the block "
+            "you "
             f"compute with and the one arriving: a rank must never hold the whole K and V")
 
 
@@ -494,7 +513,8 @@ def expect_ulysses(runs, case, what):
         mine = b * heads * len(run.positions) * d * F64
         back = b * (heads // n) * seq * d * F64
         got = [(o.op, o.nbytes) for o in run.ops if o.op != "barrier"]
-        shapes = ([(ALL_TO_ALL, 3 * mine), (ALL_TO_ALL, back)], [(ALL_TO_ALL, mine)] * 3 + [(ALL_TO_ALL, back)])
+        shapes = ([(ALL_TO_ALL, 3 * mine), (ALL_TO_ALL, back)],
+                  [(ALL_TO_ALL, mine)] * 3 + [(ALL_TO_ALL, back)])
         if n == 1 and all(op in ALL_TO_ALL for op, _ in got) and len(got) in (0, 2, 4):
             continue
         if not any(len(got) == len(s) and all(op in names and nbytes == size
@@ -503,7 +523,8 @@ def expect_ulysses(runs, case, what):
             raise AssertionError(
                 f"{where} issued {', '.join(f'{op} of {nbytes} bytes' for op, nbytes in got) or 'nothing'}; "
                 f"expected an all-to-all of q, k and v ({3 * mine} bytes in one call, or {mine} in each of "
-                f"three), then one of the output ({back} bytes: its {heads // n} heads for all {seq} positions)")
+                f"three), then one of the output ({back} bytes: its {heads // n} heads for all {seq} "
+                "positions)")
 
 
 def attention_bytes_sent(runs):
@@ -543,19 +564,24 @@ def expect_positions(got, seq_len, world_size, what):
         if sorted(mine.tolist()) == expected.tolist():
             hint = " -- the right positions, not ascending: put piece r first, then piece 2N - 1 - r"
         elif torch.equal(mine, contiguous_positions(seq_len, world_size)[rank]):
-            hint = " -- the contiguous split: the balanced one takes a piece from the head and one from the tail"
+            hint = (" -- the contiguous split: the balanced one takes a piece from the head and one from the "
+                    "tail")
         raise AssertionError(
-            f"{what}: rank {rank} holds {_positions(mine)}, expected pieces {rank} and {2 * world_size - 1 - rank} "
+            f"{what}: rank {rank} holds {_positions(mine)}, expected pieces {rank} and "
+            f"{2 * world_size - 1 - rank} "
             f"of {2 * world_size} (torch.arange({seq_len}).tensor_split({2 * world_size}): "
-            f"{', '.join(f'{a}-{b - 1}' if b > a else 'empty' for a, b in pieces)}): {_positions(expected)}{hint}")
+            f"{', '.join(f'{a}-{b - 1}' if b > a else 'empty' for a, b in pieces)}): "
+            f"{_positions(expected)}{hint}")
 
 
 def _bounds(length, count):
-    return [(int(p[0]), int(p[-1]) + 1) if len(p) else (0, 0) for p in torch.arange(length).tensor_split(count)]
+    return [(int(p[0]), int(p[-1]) + 1) if len(p) else (0, 0)
+            for p in torch.arange(length).tensor_split(count)]
 
 
 def causal_pairs(positions, seq_len):
-    """Per rank: how many (query, key) pairs its queries have under the causal mask (a query at i sees i + 1)."""
+    """Per rank: how many (query, key) pairs its queries have under the causal mask (a query at i sees
+    i + 1 keys)."""
     return [visible_pairs(p, torch.arange(seq_len), causal=True) for p in positions]
 
 

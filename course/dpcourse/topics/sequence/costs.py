@@ -130,7 +130,8 @@ def print_plan(rows, limit=12):
         if not r["possible"]:
             name += " (-)"
         print(f"{name:<24} {r['tp'] * r['cp']:>5} {r['state'] / 1e9:>9.1f} {r['activations'] / 1e9:>8.1f} "
-              f"{'yes' if r['fits'] else 'no':>5} {r['compute']:>10.2f} {r['tp_comm']:>10.3f} {r['cp_comm']:>10.3f} "
+              f"{'yes' if r['fits'] else 'no':>5} {r['compute']:>10.2f} {r['tp_comm']:>10.3f} "
+              f"{r['cp_comm']:>10.3f} "
               f"{r['time']:>8.2f}")
 
 

@@ -58,8 +58,8 @@ class RingReplay:
         import matplotlib.pyplot as plt
 
         if axes is None:
-            _, axes = plt.subplots(1, 2, figsize=(11, 0.9 + 0.8 * max(self.n, 3)),
-                                   gridspec_kw={"width_ratios": [1.2, 1]})
+            _, axes = plt.subplots(1, 2, figsize=(12, 1.2 + 0.9 * max(self.n, 3)),
+                                   gridspec_kw={"width_ratios": [1.3, 1]})
         left, right = axes
         seq = self.case["shape"][2]
         for rank in range(self.n):
@@ -72,12 +72,16 @@ class RingReplay:
                           arrowprops=dict(arrowstyle="->", color=colours.rank_colour(src), lw=1.6,
                                           connectionstyle="arc3,rad=-0.4"))
             left.text(4.6, dst + 0.4, f"{nbytes} B from rank {src}", va="center", fontsize=8)
+        for rank in range(self.n):
+            done = sum(len(self.pairs(rank, self.held[s][rank])[0])
+                       for s in range(min(step + 1, len(self.held))) if self.held[s][rank] is not None)
+            left.text(-0.2, rank + 0.95, f"{done} score entries so far", fontsize=7, color="#555555")
         left.set_xlim(-0.3, 7.5)
-        left.set_ylim(self.n - 0.1, -0.3)
+        left.set_ylim(self.n + 0.1, -0.3)
         left.axis("off")
-        left.set_title(f"step {step} of {self.steps - 1}: each rank computes with the block it holds"
-                       + ("; the arrows pass it on" if step < self.steps - 1 else " (the last one)"),
-                       fontsize=9, loc="left")
+        left.set_title(f"step {step} of {self.steps - 1}: the K/V block each rank computes with"
+                       + (", passed on (arrows)" if step < self.steps - 1 else " (the last)"), fontsize=9,
+                       loc="left")
         grid = torch.full((seq, seq), -1.0)
         for s in range(min(step + 1, len(self.held))):
             for rank in range(self.n):
@@ -92,7 +96,7 @@ class RingReplay:
         right.imshow(image.numpy(), interpolation="nearest")
         right.set_xlabel("key position")
         right.set_ylabel("query position")
-        right.set_title("score entries computed so far, by the rank that owns the query", fontsize=9)
+        right.set_title("scores computed so far (colour: the query's rank)", fontsize=9)
         return axes
 
 
@@ -117,7 +121,8 @@ def ring_explorer(runs, case, step=0):
     return explorer({"step": slider}, draw, play="step")
 
 
-def plot_causal_work(runs_by_split, title="causal ring attention: FLOPs each rank did (torch's FlopCounterMode)"):
+def plot_causal_work(runs_by_split, title="causal ring attention: FLOPs each rank did (torch's "
+                                          "FlopCounterMode)"):
     """Bars of the FLOPs per rank, one group of bars per split ({label: runs})."""
     import matplotlib.pyplot as plt
 
@@ -129,14 +134,17 @@ def plot_causal_work(runs_by_split, title="causal ring attention: FLOPs each ran
         runs = runs_by_split[label]
         mean = sum(r.flops for r in runs) / n
         for rank, run in enumerate(runs):
-            ax.bar(i + (rank - (n - 1) / 2) * width, run.flops / 1e3, width * 0.9, color=colours.rank_colour(rank),
-                   label=f"rank {rank}" if i == 0 else None)
-        ax.text(i, max(r.flops for r in runs) / 1e3 * 1.04, f"max / mean = {max(r.flops for r in runs) / mean:.2f}",
+            ax.bar(i + (rank - (n - 1) / 2) * width, run.flops / 1e3, width * 0.9,
+                   color=colours.rank_colour(rank), label=f"rank {rank}" if i == 0 else None)
+        ax.text(i, max(r.flops for r in runs) / 1e3 * 1.04, "max / mean = "
+                                                            f"{max(r.flops for r in runs) / mean:.2f}",
                 ha="center", fontsize=9)
+    top = max(r.flops for runs in runs_by_split.values() for r in runs) / 1e3
+    ax.set_ylim(0, top * 1.35)
     ax.set_xticks(range(len(labels)), labels)
     ax.set_ylabel("kFLOP")
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8, ncol=n)
+    ax.legend(fontsize=8, ncol=n, loc="upper right")
     plt.show()
 
 

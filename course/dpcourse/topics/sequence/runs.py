@@ -100,10 +100,12 @@ def run_block_cases(cls, world_size, cases, *, exercise, group_timeout=TIMEOUTS[
             report = per_rank[rank][index]
             members = members_of(case, rank, world_size)
             case_runs.append(BlockRun(rank, members, output=report.get("output"),
-                                      input_grad=report.get("input_grad"), forward=ops_of(report.get("forward")),
-                                      backward=ops_of(report.get("backward")), params=report.get("params") or {},
-                                      grads=report.get("grads") or {}, no_grad=bool(report.get("no_grad")),
-                                      saved=report.get("saved"), saved_shapes=report.get("saved_shapes") or []))
+                                      input_grad=report.get("input_grad"),
+                                      forward=ops_of(report.get("forward")),
+                                      backward=ops_of(report.get("backward")),
+                                      params=report.get("params") or {}, grads=report.get("grads") or {},
+                                      no_grad=bool(report.get("no_grad")), saved=report.get("saved"),
+                                      saved_shapes=report.get("saved_shapes") or []))
         runs.append(case_runs)
     router_agrees([[run.forward + run.backward for run in case_runs] for case_runs in runs], exercise)
     return runs
@@ -173,7 +175,8 @@ def case_tensors(case):
     return inputs(shape, sq, scale=scale), inputs(shape, sk, scale=scale), inputs(shape, sv)
 
 
-def run_attention_cases(fn, world_size, cases, *, exercise, p2p_only=False, group_timeout=None, deadline=None):
+def run_attention_cases(fn, world_size, cases, *, exercise, p2p_only=False, group_timeout=None,
+                        deadline=None):
     """Launch world_size ranks; in each case rank r calls fn(q_r, k_r, v_r, positions, causal) with
     its rows of q, k, v. Returns [case][rank] AttentionRuns (ops: the router's records while graded).
 
@@ -182,8 +185,8 @@ def run_attention_cases(fn, world_size, cases, *, exercise, p2p_only=False, grou
     if group_timeout is None:
         group_timeout = TIMEOUTS["p2p_deadlock"] if p2p_only else TIMEOUTS["test_group"]
     with launch_options(p2p_only=p2p_only, exercise=exercise):
-        per_rank = launch(_attention_side, world_size, fn, cases, exercise, p2p_only, group_timeout=group_timeout,
-                          deadline=deadline)
+        per_rank = launch(_attention_side, world_size, fn, cases, exercise, p2p_only,
+                          group_timeout=group_timeout, deadline=deadline)
     runs = []
     for index, case in enumerate(cases):
         positions = case_positions(case, world_size)
@@ -191,8 +194,10 @@ def run_attention_cases(fn, world_size, cases, *, exercise, p2p_only=False, grou
         for rank in range(world_size):
             report = per_rank[rank][index] if index < len(per_rank[rank]) else {}
             case_runs.append(AttentionRun(rank, positions[rank], output=report.get("output"),
-                                          ops=ops_of(report.get("ops")), flops_at=list(report.get("flops_at") or ()),
-                                          flops=int(report.get("flops") or 0), peak=int(report.get("peak") or 0),
+                                          ops=ops_of(report.get("ops")),
+                                          flops_at=list(report.get("flops_at") or ()),
+                                          flops=int(report.get("flops") or 0),
+                                          peak=int(report.get("peak") or 0),
                                           stuck=report.get("stuck"), forbidden=report.get("forbidden")))
         runs.append(case_runs)
     router_agrees([[run.ops for run in case_runs] for case_runs in runs], exercise, replace=runs)
@@ -220,9 +225,10 @@ def _attention_side(fn, cases, exercise, p2p_only):
                                    f"{exc}") from exc
             report["stuck"] = _stuck(recorder.ops, world_size)
         except Exception as exc:
-            raise RuntimeError(f"{exercise} ({label}) raised on rank {rank}: {type(exc).__name__}: {exc}") from exc
-        report.update(ops=plain_ops(recorder.ops), flops_at=list(recorder.flops_at), flops=recorder.total_flops,
-                      peak=peak.peak_bytes)
+            raise RuntimeError(f"{exercise} ({label}) raised on rank {rank}: {type(exc).__name__}: "
+                               f"{exc}") from exc
+        report.update(ops=plain_ops(recorder.ops), flops_at=list(recorder.flops_at),
+                      flops=recorder.total_flops, peak=peak.peak_bytes)
         reports[-1] = to_cpu(report)
         if report.get("stuck") or report.get("forbidden"):
             break  # peers will not match the next case's calls
@@ -249,7 +255,8 @@ def router_agrees(recorded, exercise, replace=None):
         mine = [o for case_ops in recorded for o in case_ops[rank] if o.op != "barrier"]
         if [o.op for o in routed] != [o.op for o in mine]:
             raise AssertionError(
-                f"{exercise}: rank {rank} made {len(routed)} communication call(s) as the grader's router saw "
+                f"{exercise}: rank {rank} made {len(routed)} communication call(s) as the grader's router "
+                "saw "
                 f"them ({', '.join(o.op for o in routed[:8]) or 'none'}), but recorded {len(mine)} "
                 f"({', '.join(o.op for o in mine[:8]) or 'none'}): every call must go through "
                 f"torch.distributed where the recorder sees it")
