@@ -570,8 +570,12 @@ def expect_positions(got, seq_len, world_size, what):
             f"{what}: rank {rank} holds {_positions(mine)}, expected pieces {rank} and "
             f"{2 * world_size - 1 - rank} "
             f"of {2 * world_size} (torch.arange({seq_len}).tensor_split({2 * world_size}): "
-            f"{', '.join(f'{a}-{b - 1}' if b > a else 'empty' for a, b in pieces)}): "
+            f"{', '.join(_piece(a, b) for a, b in pieces)}): "
             f"{_positions(expected)}{hint}")
+
+
+def _piece(start, stop):
+    return "empty" if stop <= start else str(start) if stop == start + 1 else f"{start}-{stop - 1}"
 
 
 def _bounds(length, count):

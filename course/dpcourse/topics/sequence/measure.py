@@ -82,17 +82,19 @@ class PeakMemory(TorchDispatchMode):
 
 class SavedBytes:
     """Bytes of the activations autograd saves for backward while `module` runs forward (its
-    parameters excluded: they are kept anyway). Each storage counts once."""
+    parameters excluded: they are kept anyway). A tensor saved twice counts once; a view counts its
+    own elements, not its base's."""
 
     def __init__(self, module):
         self.module, self.nbytes, self.shapes = module, 0, []
         self._storages, self._hooks, self._context = set(), [], None
 
     def _pack(self, tensor):
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in self._parameters and storage.data_ptr() not in self._storages:
-            self._storages.add(storage.data_ptr())
-            self.nbytes += storage.nbytes()
+        address = tensor.untyped_storage().data_ptr()
+        key = (address, tensor.storage_offset(), tuple(tensor.shape))
+        if address not in self._parameters and key not in self._storages:
+            self._storages.add(key)
+            self.nbytes += tensor.numel() * tensor.element_size()
             self.shapes.append(tuple(tensor.shape))
         return tensor
 
