@@ -26,7 +26,16 @@ from dpcourse.runtime.inside_rank import to_cpu
 from dpcourse.runtime.launcher import launch
 from dpcourse.runtime.timeouts import TIMEOUTS
 from dpcourse.topics.experts.models import mixture
-from dpcourse.topics.sequence.runs import members_of, ops_of, plain_ops, router_agrees
+from dpcourse.topics.sequence.runs import (
+    LearnerError,
+    failure,
+    guarded_call,
+    members_of,
+    ops_of,
+    plain_ops,
+    raise_first_error,
+    router_agrees,
+)
 from dpcourse.topics.tensor.runs import RankRun, make_groups
 
 
@@ -42,6 +51,7 @@ def run_moe_cases(cls, world_size, cases, *, exercise, group_timeout=TIMEOUTS["t
     """Launch world_size ranks and run every case on them (see the module docstring)."""
     per_rank = launch(_moe_side, world_size, cls, cases, exercise, group_timeout=group_timeout,
                       deadline=deadline)
+    raise_first_error(per_rank, exercise)
     runs = []
     for index, case in enumerate(cases):
         case_runs = []
@@ -60,48 +70,50 @@ def run_moe_cases(cls, world_size, cases, *, exercise, group_timeout=TIMEOUTS["t
 
 
 def _fail(exercise, label, message):
-    raise RuntimeError(f"{exercise} ({label}) on rank {dist.get_rank()}: {message}")
-
-
-def _call(exercise, label, fn, *args):
-    try:
-        return fn(*args)
-    except Exception as exc:
-        raise RuntimeError(f"{exercise} ({label}) raised on rank {dist.get_rank()}: "
-                           f"{type(exc).__name__}: {exc}") from exc
+    raise LearnerError(f"{exercise} ({label})", message)
 
 
 def _moe_side(cls, cases, exercise):
-    reports, rank = [], dist.get_rank()
+    reports = []
     for case in cases:
-        group, _ = make_groups(case.get("groups"))
-        label = case.get("label", exercise)
-        layer = _call(exercise, label, cls, mixture(**case["full"]), group)
-        x = case["xs"][rank].to(rank_device()).clone().requires_grad_()
-        with CommRecorder(exercise=exercise) as forward:
-            result = _call(exercise, label, layer, x)
-        if not (isinstance(result, (tuple, list)) and len(result) == 2):
-            _fail(exercise, label, f"forward must return (y, aux_loss), got {type(result).__name__}")
-        y, aux = result
-        if not isinstance(y, torch.Tensor) or not isinstance(aux, torch.Tensor):
-            _fail(exercise, label, f"forward must return two tensors (y, aux_loss), got "
-                                   f"({type(y).__name__}, {type(aux).__name__})")
-        dropped = getattr(layer, "dropped", None)
-        report = {"forward": plain_ops(forward.ops), "output": y.detach().clone(),
-                  "aux_loss": aux.detach().clone(),
-                  "dropped": int(dropped) if isinstance(dropped, (int, torch.Tensor)) else None}
-        dy = case["dys"][rank].to(rank_device())
-        if y.shape == dy.shape and aux.numel() == 1:
-            loss = (y * dy).sum() + aux.reshape(())
-            if loss.requires_grad:
-                with CommRecorder(exercise=exercise) as backward:
-                    _call(exercise, label, loss.backward)
-                report["backward"] = plain_ops(backward.ops)
-            else:
-                report["no_grad"] = True
-        report["input_grad"] = x.grad.clone() if x.grad is not None else None
-        report["params"] = {n: p.detach().clone() for n, p in layer.named_parameters()}
-        report["grads"] = {n: (p.grad.clone() if p.grad is not None else None)
-                           for n, p in layer.named_parameters()}
-        reports.append(to_cpu(report))
+        try:
+            reports.append(_moe_case(cls, case, exercise))
+        except Exception as exc:
+            kind, sentence = failure(exc, exercise, case.get("label", exercise))
+            reports.append({"error" if kind == "error" else "waited": sentence})
+            break  # peers will not match the next case's calls
     return reports
+
+
+def _moe_case(cls, case, exercise):
+    rank = dist.get_rank()
+    group, _ = make_groups(case.get("groups"))
+    label = case.get("label", exercise)
+    layer = guarded_call(exercise, label, cls, mixture(**case["full"]), group)
+    x = case["xs"][rank].to(rank_device()).clone().requires_grad_()
+    with CommRecorder(exercise=exercise) as forward:
+        result = guarded_call(exercise, label, layer, x)
+    if not (isinstance(result, (tuple, list)) and len(result) == 2):
+        _fail(exercise, label, f"forward must return (y, aux_loss), got {type(result).__name__}")
+    y, aux = result
+    if not isinstance(y, torch.Tensor) or not isinstance(aux, torch.Tensor):
+        _fail(exercise, label, f"forward must return two tensors (y, aux_loss), got "
+                               f"({type(y).__name__}, {type(aux).__name__})")
+    dropped = getattr(layer, "dropped", None)
+    report = {"forward": plain_ops(forward.ops), "output": y.detach().clone(),
+              "aux_loss": aux.detach().clone(),
+              "dropped": int(dropped) if isinstance(dropped, (int, torch.Tensor)) else None}
+    dy = case["dys"][rank].to(rank_device())
+    if y.shape == dy.shape and aux.numel() == 1:
+        loss = (y * dy).sum() + aux.reshape(())
+        if loss.requires_grad:
+            with CommRecorder(exercise=exercise) as backward:
+                guarded_call(exercise, label, loss.backward)
+            report["backward"] = plain_ops(backward.ops)
+        else:
+            report["no_grad"] = True
+    report["input_grad"] = x.grad.clone() if x.grad is not None else None
+    report["params"] = {n: p.detach().clone() for n, p in layer.named_parameters()}
+    report["grads"] = {n: (p.grad.clone() if p.grad is not None else None)
+                       for n, p in layer.named_parameters()}
+    return to_cpu(report)

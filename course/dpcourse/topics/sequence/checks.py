@@ -493,11 +493,11 @@ def expect_flat_memory(alone, ring, what, block):
     if grow >= 3 * block:
         rank = max(range(len(ring)), key=lambda r: ring[r].peak)
         raise AssertionError(
-            f"{what}: with the same block per rank, rank {rank}'s peak memory in the call grew from "
-            f"{max(r.peak for r in alone):,} bytes on 1 rank to {ring[rank].peak:,} on {len(ring)} ranks "
-            f"(+{grow:,}; a K/V block is {block:,}): it keeps the blocks it received. Hold only the block "
-            "you "
-            f"compute with and the one arriving: a rank must never hold the whole K and V")
+            f"{what}: with the same block per rank, the peak memory of the call grew by 3 K/V blocks or more "
+            f"from 1 rank to {len(ring)}: it keeps the blocks it received. Hold only the block you compute "
+            f"with and the one arriving: a rank must never hold the whole K and V\n"
+            f"(rank {rank}: {ring[rank].peak:,} bytes at the peak on {len(ring)} ranks, "
+            f"{max(r.peak for r in alone):,} alone, +{grow:,}; a K/V block is {block:,} bytes)")
 
 
 def expect_ulysses(runs, case, what):

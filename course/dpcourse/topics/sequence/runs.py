@@ -64,12 +64,44 @@ class AttentionRun:
     forbidden: str | None = None  # a collective in a point-to-point exercise
 
 
-def _call(exercise, label, fn, *args, **kwargs):
+class LearnerError(Exception):
+    """The learner's code raised in a rank; the rank reports it (report["error"]) instead of dying, so that
+    the caller names the lowest rank that failed -- the same one every time, whatever the timing."""
+
+    def __init__(self, where, what):
+        super().__init__(f"{where}: {what}")
+        self.where, self.what = where, what
+
+
+def guarded_call(exercise, label, fn, *args, **kwargs):
     try:
         return fn(*args, **kwargs)
     except Exception as exc:
-        raise RuntimeError(f"{exercise} ({label}) raised on rank {dist.get_rank()}: "
-                           f"{type(exc).__name__}: {exc}") from exc
+        raise LearnerError(f"{exercise} ({label})", f"{type(exc).__name__}: {exc}") from exc
+
+
+def failure(exc, exercise, label):
+    """(kind, report) of an exception in a rank: ("stuck", sentence) for a wait that timed out or a peer
+    that left; ("error", [where, what]) for anything else."""
+    if isinstance(exc, RuntimeError) and WAITED.search(str(exc)):
+        return "stuck", str(exc).splitlines()[0][:300]
+    if isinstance(exc, LearnerError):
+        return "error", [exc.where, exc.what]
+    return "error", [f"{exercise} ({label})", f"{type(exc).__name__}: {exc}"]
+
+
+def raise_first_error(per_rank, exercise):
+    """The lowest rank whose learner code raised, as an AssertionError; else a sentence on the ranks
+    that waited in vain (a peer stopped early, or the calls did not match)."""
+    errors = [(rank, r["error"]) for rank, reports in enumerate(per_rank) for r in reports if r.get("error")]
+    if errors:
+        rank, (where, what) = errors[0]
+        raise AssertionError(f"{where} raised on rank {rank}: {what}")
+    stuck = sorted({rank for rank, reports in enumerate(per_rank) for r in reports if r.get("waited")})
+    if stuck:
+        raise AssertionError(f"{exercise}: rank(s) {stuck} waited in vain for their peers (a collective or "
+                             f"message no other rank of the group made): every rank of a group must make the "
+                             f"same calls in the same order")
 
 
 def plain_ops(ops):
@@ -93,6 +125,7 @@ def run_block_cases(cls, world_size, cases, *, exercise, group_timeout=TIMEOUTS[
     the rank's piece of x and backward with its piece of dy. Returns [case][rank] BlockRuns."""
     per_rank = launch(_block_side, world_size, cls, cases, exercise, group_timeout=group_timeout,
                       deadline=deadline)
+    raise_first_error(per_rank, exercise)
     runs = []
     for index, case in enumerate(cases):
         case_runs = []
@@ -121,39 +154,47 @@ def members_of(case, rank, world_size):
 def _block_side(cls, cases, exercise):
     reports = []
     for case in cases:
-        group, members = make_groups(case.get("groups"))
-        rank, label = dist.get_rank(), case.get("label", exercise)
-        index, count = members.index(rank), len(members)
-        module = _call(exercise, label, cls, mlp_block(**case["full"]), group)
-        x = piece(case["x"], index, count).to(rank_device()).clone().requires_grad_()
-        norm = getattr(module, "norm", None)
-        saved = SavedBytes(norm) if isinstance(norm, torch.nn.Module) else None
-        with CommRecorder(exercise=exercise) as rec:
-            if saved is not None:
-                with saved:
-                    output = _call(exercise, label, module, x)
-            else:
-                output = _call(exercise, label, module, x)
-        report = {"forward": plain_ops(rec.ops), "output": output.detach().clone()
-                  if isinstance(output, torch.Tensor) else None,
-                  "saved": saved.nbytes if saved is not None else None,
-                  "saved_shapes": saved.shapes if saved is not None else []}
-        dy = piece(case["dy"], index, count).to(rank_device()).clone()
-        if not isinstance(output, torch.Tensor):
-            raise RuntimeError(f"{exercise} ({label}) returned {type(output).__name__} on rank {rank}, "
-                               f"expected a tensor")
-        if not output.requires_grad:
-            report["no_grad"] = True
-        elif output.shape == dy.shape:
-            with CommRecorder(exercise=exercise) as rec:
-                _call(exercise, label, output.backward, dy)
-            report["backward"] = plain_ops(rec.ops)
-        report["input_grad"] = x.grad.clone() if x.grad is not None else None
-        report["params"] = {n: p.detach().clone() for n, p in module.named_parameters()}
-        report["grads"] = {n: (p.grad.clone() if p.grad is not None else None)
-                           for n, p in module.named_parameters()}
-        reports.append(to_cpu(report))
+        try:
+            reports.append(_block_case(cls, case, exercise))
+        except Exception as exc:
+            kind, sentence = failure(exc, exercise, case.get("label", exercise))
+            reports.append({"error" if kind == "error" else "waited": sentence})
+            break  # peers will not match the next case's calls
     return reports
+
+
+def _block_case(cls, case, exercise):
+    group, members = make_groups(case.get("groups"))
+    rank, label = dist.get_rank(), case.get("label", exercise)
+    index, count = members.index(rank), len(members)
+    module = guarded_call(exercise, label, cls, mlp_block(**case["full"]), group)
+    x = piece(case["x"], index, count).to(rank_device()).clone().requires_grad_()
+    norm = getattr(module, "norm", None)
+    saved = SavedBytes(norm) if isinstance(norm, torch.nn.Module) else None
+    with CommRecorder(exercise=exercise) as rec:
+        if saved is not None:
+            with saved:
+                output = guarded_call(exercise, label, module, x)
+        else:
+            output = guarded_call(exercise, label, module, x)
+    report = {"forward": plain_ops(rec.ops), "output": output.detach().clone()
+              if isinstance(output, torch.Tensor) else None,
+              "saved": saved.nbytes if saved is not None else None,
+              "saved_shapes": saved.shapes if saved is not None else []}
+    dy = piece(case["dy"], index, count).to(rank_device()).clone()
+    if not isinstance(output, torch.Tensor):
+        raise LearnerError(f"{exercise} ({label})", f"returned {type(output).__name__}, expected a tensor")
+    if not output.requires_grad:
+        report["no_grad"] = True
+    elif output.shape == dy.shape:
+        with CommRecorder(exercise=exercise) as rec:
+            guarded_call(exercise, label, output.backward, dy)
+        report["backward"] = plain_ops(rec.ops)
+    report["input_grad"] = x.grad.clone() if x.grad is not None else None
+    report["params"] = {n: p.detach().clone() for n, p in module.named_parameters()}
+    report["grads"] = {n: (p.grad.clone() if p.grad is not None else None)
+                       for n, p in module.named_parameters()}
+    return to_cpu(report)
 
 
 # --------------------------------------------------------------------------- attention
@@ -187,6 +228,7 @@ def run_attention_cases(fn, world_size, cases, *, exercise, p2p_only=False, grou
     with launch_options(p2p_only=p2p_only, exercise=exercise):
         per_rank = launch(_attention_side, world_size, fn, cases, exercise, p2p_only,
                           group_timeout=group_timeout, deadline=deadline)
+    raise_first_error(per_rank, exercise)
     runs = []
     for index, case in enumerate(cases):
         positions = case_positions(case, world_size)
@@ -219,18 +261,16 @@ def _attention_side(fn, cases, exercise, p2p_only):
             report["output"] = output.detach().clone() if isinstance(output, torch.Tensor) else output
         except ForbiddenCollective as exc:
             report["forbidden"] = str(exc)
-        except RuntimeError as exc:
-            if not WAITED.search(str(exc)):
-                raise RuntimeError(f"{exercise} ({label}) raised on rank {rank}: {type(exc).__name__}: "
-                                   f"{exc}") from exc
-            report["stuck"] = _stuck(recorder.ops, world_size)
         except Exception as exc:
-            raise RuntimeError(f"{exercise} ({label}) raised on rank {rank}: {type(exc).__name__}: "
-                               f"{exc}") from exc
+            kind, sentence = failure(exc, exercise, label)
+            if kind == "stuck":
+                report["stuck"] = _stuck(recorder.ops, world_size)
+            else:
+                report["error"] = sentence
         report.update(ops=plain_ops(recorder.ops), flops_at=list(recorder.flops_at),
                       flops=recorder.total_flops, peak=peak.peak_bytes)
         reports[-1] = to_cpu(report)
-        if report.get("stuck") or report.get("forbidden"):
+        if report.get("stuck") or report.get("forbidden") or report.get("error"):
             break  # peers will not match the next case's calls
     return reports
 
