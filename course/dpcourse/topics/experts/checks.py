@@ -143,20 +143,27 @@ def moe_reference(case, world_size):
 
 
 def _wrong_tokens(got, out, group):
-    """' (wrong for tokens [...], whose kept choices went to experts {...})', to point at an expert."""
+    """' (wrong for tokens [...], whose kept choices went to experts [...] held by ranks [...]; tokens [...]
+    had every choice dropped)', to point at an expert or at the capacity."""
     if not isinstance(got, torch.Tensor) or got.shape != out["y"].shape:
         return ""
     bad = ((got.double() - out["y"].detach()).abs() > 1e-8).any(dim=1).nonzero().flatten().tolist()
-    experts = sorted({int(e) for t in bad for e, kept in zip(out["experts"][t], out["kept"][t], strict=True)
-                      if kept})
     if not bad:
         return ""
-    n = len(group)
-    per = len(out["load"]) // n
-    owners = sorted({group[e // per] for e in experts})
-    return (f" (wrong for tokens {bad[:8]}{' ...' if len(bad) > 8 else ''}, whose kept choices went to "
-            "expert(s) "
-            f"{experts}, held by rank(s) {owners})")
+    routed = [t for t in bad if out["kept"][t].any()]
+    dropped = [t for t in bad if not out["kept"][t].any()]
+    experts = sorted({int(e) for t in routed
+                      for e, kept in zip(out["experts"][t], out["kept"][t], strict=True) if kept})
+    per = len(out["load"]) // len(group)
+    parts = []
+    if routed:
+        owners = sorted({group[e // per] for e in experts})
+        parts.append(f"wrong for tokens {routed[:8]}{' ...' if len(routed) > 8 else ''}, whose kept choices "
+                     f"went to expert(s) {experts}, held by rank(s) {owners}")
+    if dropped:
+        parts.append(f"tokens {dropped[:8]}{' ...' if len(dropped) > 8 else ''} had every choice dropped "
+                     f"over capacity: their y is 0")
+    return " (" + "; ".join(parts) + ")"
 
 
 def _wrong_outputs(moe, x):

@@ -47,11 +47,19 @@ class MoERun(RankRun):
     dropped: int | None = None  # the layer's `dropped` attribute after forward
 
 
+BACKWARD_ADVICE = (
+    ". In backward, autograd runs an all-to-all's backward only where its output needs a gradient: a rank "
+    "whose experts received no token and whose result does not depend on the (empty) rows it received "
+    "skips the all-to-all its peers wait in. Build the experts' results from the received rows even when "
+    "there are none (e.g. torch.zeros_like(received).index_copy(0, rows, expert(received[rows])) for every "
+    "expert)")
+
+
 def run_moe_cases(cls, world_size, cases, *, exercise, group_timeout=TIMEOUTS["test_group"], deadline=None):
     """Launch world_size ranks and run every case on them (see the module docstring)."""
     per_rank = launch(_moe_side, world_size, cls, cases, exercise, group_timeout=group_timeout,
                       deadline=deadline)
-    raise_first_error(per_rank, exercise)
+    raise_first_error(per_rank, exercise, advice=BACKWARD_ADVICE)
     runs = []
     for index, case in enumerate(cases):
         case_runs = []

@@ -4,7 +4,7 @@
         out = ring_attention(q, k, v, positions)
     peak.peak_bytes                          # the most bytes they held at once
 
-    with SavedBytes(module.norm) as saved:   # what autograd keeps for backward inside module.norm
+    with LayerNormBytes() as saved:          # what LayerNorms keep for backward
         y = module(x)
     saved.nbytes
 
@@ -15,8 +15,8 @@
 Why a module: "no rank ever holds the full K or V", "the LayerNorm keeps 1/t of its
 activations" and "every rank does the same work" are claims about what a rank's process does,
 not about the values it returns. Each is measured here with torch's own machinery: a
-TorchDispatchMode sees every tensor an operator creates (PeakMemory), a saved-tensors hook sees
-every tensor autograd keeps for backward (SavedBytes), and torch's FlopCounterMode counts the
+TorchDispatchMode sees every tensor an operator creates (PeakMemory) and every LayerNorm with the
+tensors autograd keeps for its backward (LayerNormBytes), and torch's FlopCounterMode counts the
 floating-point operations of matrix products and attention (StepRecorder, per message). These
 are observations made in the rank, next to the learner's code: a program written against them
 could fool them, values and messages (counted by the grader's router) cannot be fooled.
@@ -80,44 +80,23 @@ class PeakMemory(TorchDispatchMode):
             self.current -= entry[0]
 
 
-class SavedBytes:
-    """Bytes of the activations autograd saves for backward while `module` runs forward (its
-    parameters excluded: they are kept anyway). A tensor saved twice counts once; a view counts its
-    own elements, not its base's."""
+class LayerNormBytes(TorchDispatchMode):
+    """Bytes a LayerNorm keeps for its backward, counted at every `aten.native_layer_norm` inside the
+    context: its input and the mean and reciprocal standard deviation it returns (autograd saves these
+    three; the weight and bias are parameters, kept anyway). Every way of writing a LayerNorm -- the
+    module, F.layer_norm -- reaches this operator."""
 
-    def __init__(self, module):
-        self.module, self.nbytes, self.shapes = module, 0, []
-        self._storages, self._hooks, self._context = set(), [], None
+    def __init__(self):
+        super().__init__()
+        self.nbytes, self.shapes = 0, []
 
-    def _pack(self, tensor):
-        address = tensor.untyped_storage().data_ptr()
-        key = (address, tensor.storage_offset(), tuple(tensor.shape))
-        if address not in self._parameters and key not in self._storages:
-            self._storages.add(key)
-            self.nbytes += tensor.numel() * tensor.element_size()
-            self.shapes.append(tuple(tensor.shape))
-        return tensor
-
-    def _enter(self, *_):
-        self._context = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
-        self._context.__enter__()
-
-    def _exit(self, *_):
-        if self._context is not None:
-            self._context.__exit__(None, None, None)
-            self._context = None
-
-    def __enter__(self):
-        self._parameters = {p.untyped_storage().data_ptr() for p in self.module.parameters()}
-        self._hooks = [self.module.register_forward_pre_hook(self._enter),
-                       self.module.register_forward_hook(self._exit)]
-        return self
-
-    def __exit__(self, *exc):
-        self._exit()
-        for hook in self._hooks:
-            hook.remove()
-        return False
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.overloadpacket is torch.ops.aten.native_layer_norm:
+            for tensor in (args[0], out[1], out[2]):
+                self.nbytes += tensor.numel() * tensor.element_size()
+                self.shapes.append(tuple(tensor.shape))
+        return out
 
 
 class StepRecorder(CommRecorder):

@@ -35,7 +35,7 @@ from dpcourse.runtime.backend import rank_device
 from dpcourse.runtime.inside_rank import to_cpu
 from dpcourse.runtime.launcher import launch, launch_options, observed_traffic
 from dpcourse.runtime.timeouts import TIMEOUTS
-from dpcourse.topics.sequence.measure import PeakMemory, SavedBytes, StepRecorder
+from dpcourse.topics.sequence.measure import LayerNormBytes, PeakMemory, StepRecorder
 from dpcourse.topics.sequence.models import contiguous_positions, head_tail_positions, inputs, mlp_block
 from dpcourse.topics.tensor.runs import RankRun, make_groups
 
@@ -43,7 +43,7 @@ from dpcourse.topics.tensor.runs import RankRun, make_groups
 @dataclass
 class BlockRun(RankRun):
     """One rank's run of a sequence-parallel block (see tensor.runs.RankRun), plus what its
-    LayerNorm saved for backward (None: the module has no `norm` submodule)."""
+    LayerNorm kept for backward (measure.LayerNormBytes)."""
 
     saved: int | None = None
     saved_shapes: list = field(default_factory=list)
@@ -86,13 +86,15 @@ def failure(exc, exercise, label):
     if isinstance(exc, RuntimeError) and WAITED.search(str(exc)):
         return "stuck", str(exc).splitlines()[0][:300]
     if isinstance(exc, LearnerError):
+        if WAITED.search(exc.what):
+            return "stuck", exc.what.splitlines()[0][:300]
         return "error", [exc.where, exc.what]
     return "error", [f"{exercise} ({label})", f"{type(exc).__name__}: {exc}"]
 
 
-def raise_first_error(per_rank, exercise):
+def raise_first_error(per_rank, exercise, advice=""):
     """The lowest rank whose learner code raised, as an AssertionError; else a sentence on the ranks
-    that waited in vain (a peer stopped early, or the calls did not match)."""
+    that waited in vain (a peer stopped early, or the calls did not match), and `advice`."""
     errors = [(rank, r["error"]) for rank, reports in enumerate(per_rank) for r in reports if r.get("error")]
     if errors:
         rank, (where, what) = errors[0]
@@ -101,7 +103,7 @@ def raise_first_error(per_rank, exercise):
     if stuck:
         raise AssertionError(f"{exercise}: rank(s) {stuck} waited in vain for their peers (a collective or "
                              f"message no other rank of the group made): every rank of a group must make the "
-                             f"same calls in the same order")
+                             f"same calls in the same order{advice}")
 
 
 def plain_ops(ops):
@@ -111,6 +113,64 @@ def plain_ops(ops):
 def ops_of(rows):
     return [CommOp(op, peer, nbytes, start, end, tuple(group) if group else None)
             for op, peer, nbytes, start, end, group in rows or ()]
+
+
+# --------------------------------------------------------------------------- the two operators
+
+def run_operator_cases(op, world_size, cases, *, exercise, group_timeout=TIMEOUTS["test_group"],
+                       deadline=None):
+    """tensor.runs.run_operator_cases (same cases, same RankRun records, for tensor.checks.expect_operator),
+    with the learner's exceptions reported by the lowest rank that raised."""
+    per_rank = launch(_operator_side, world_size, op, cases, exercise, group_timeout=group_timeout,
+                      deadline=deadline)
+    raise_first_error(per_rank, exercise)
+    runs = []
+    for index, case in enumerate(cases):
+        case_runs = []
+        for rank in range(world_size):
+            report = per_rank[rank][index]
+            case_runs.append(RankRun(rank, members_of(case, rank, world_size), output=report.get("output"),
+                                     input_grad=report.get("input_grad"),
+                                     input_after=report.get("input_after"),
+                                     forward=ops_of(report.get("forward")),
+                                     backward=ops_of(report.get("backward")),
+                                     no_grad=bool(report.get("no_grad"))))
+        runs.append(case_runs)
+    router_agrees([[run.forward + run.backward for run in case_runs] for case_runs in runs], exercise)
+    return runs
+
+
+def _operator_side(op, cases, exercise):
+    reports = []
+    for case in cases:
+        try:
+            reports.append(_operator_case(op, case, exercise))
+        except Exception as exc:
+            kind, sentence = failure(exc, exercise, case.get("label", exercise))
+            reports.append({"error" if kind == "error" else "waited": sentence})
+            break  # peers will not match the next case's calls
+    return reports
+
+
+def _operator_case(op, case, exercise):
+    group, _ = make_groups(case.get("groups"))
+    rank, label = dist.get_rank(), case.get("label", exercise)
+    x = case["inputs"][rank].to(rank_device()).clone().requires_grad_()
+    with CommRecorder(exercise=exercise) as rec:
+        output = guarded_call(exercise, label, op, x, group=group)
+    report = {"forward": plain_ops(rec.ops), "input_after": x.detach().clone(),
+              "output": output.detach().clone() if isinstance(output, torch.Tensor) else None}
+    if not isinstance(output, torch.Tensor):
+        raise LearnerError(f"{exercise} ({label})", f"returned {type(output).__name__}, expected a tensor")
+    dy = case["grads"][rank].to(rank_device()).clone()
+    if not output.requires_grad:
+        report["no_grad"] = True
+    elif output.shape == dy.shape:
+        with CommRecorder(exercise=exercise) as rec:
+            guarded_call(exercise, label, output.backward, dy)
+        report["backward"] = plain_ops(rec.ops)
+    report["input_grad"] = x.grad.clone() if x.grad is not None else None
+    return to_cpu(report)
 
 
 # --------------------------------------------------------------------------- the MLP block
@@ -169,18 +229,11 @@ def _block_case(cls, case, exercise):
     index, count = members.index(rank), len(members)
     module = guarded_call(exercise, label, cls, mlp_block(**case["full"]), group)
     x = piece(case["x"], index, count).to(rank_device()).clone().requires_grad_()
-    norm = getattr(module, "norm", None)
-    saved = SavedBytes(norm) if isinstance(norm, torch.nn.Module) else None
-    with CommRecorder(exercise=exercise) as rec:
-        if saved is not None:
-            with saved:
-                output = guarded_call(exercise, label, module, x)
-        else:
-            output = guarded_call(exercise, label, module, x)
+    with CommRecorder(exercise=exercise) as rec, LayerNormBytes() as saved:
+        output = guarded_call(exercise, label, module, x)
     report = {"forward": plain_ops(rec.ops), "output": output.detach().clone()
               if isinstance(output, torch.Tensor) else None,
-              "saved": saved.nbytes if saved is not None else None,
-              "saved_shapes": saved.shapes if saved is not None else []}
+              "saved": saved.nbytes, "saved_shapes": saved.shapes}
     dy = piece(case["dy"], index, count).to(rank_device()).clone()
     if not isinstance(output, torch.Tensor):
         raise LearnerError(f"{exercise} ({label})", f"returned {type(output).__name__}, expected a tensor")
