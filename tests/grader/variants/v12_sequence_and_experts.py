@@ -12,7 +12,7 @@ routing with the capacity applied before the top-k, the auxiliary loss with the 
 without E, top-2 gates not renormalised, choices served token by token, the capacity rounded down;
 expert parallelism with its all-to-all splits transposed, no gradient through the dispatch, gates
 forgotten, dropped tokens sent anyway, experts picked by world rank, experts that received no
-token skipped (a rank then skips the backward all-to-all), arrivals given to the wrong local expert. A bug lists the cell that shows it (the basic one when both would say the same, so
+token skipped (a rank then skips the backward all-to-all). A bug lists the cell that shows it (the basic one when both would say the same, so
 that grading the chapter stays as fast as its neighbours'), and the cells it must keep passing.
 """
 
@@ -250,12 +250,5 @@ BUGS = [
                      "            if len(rows) == 0:\n"
                      "                continue\n")],
              loses={"test_expert_parallel_moe_top2": "Build the experts' results from the received rows"}),
-    _moe_bug("arrivals_given_to_the_wrong_expert",
-             patch=[("        local = torch.arange(self.per_rank, "
-                     "device=x.device).repeat(n).repeat_interleave("
-                     "incoming.reshape(-1))",
-                     "        local = torch.arange(self.per_rank, device=x.device).repeat_interleave("
-                     "incoming.sum(dim=0))")],
-             loses={"test_expert_parallel_moe_top2": "whose kept choices went to expert(s)"}),
 ]
 
