@@ -116,14 +116,25 @@ def _moe_case(cls, case, exercise):
               "aux_loss": aux.detach().clone(),
               "dropped": int(dropped) if isinstance(dropped, (int, torch.Tensor)) else None}
     dy = case["dys"][rank].to(rank_device())
-    if y.shape == dy.shape and aux.numel() == 1:
-        loss = (y * dy).sum() + aux.reshape(())
-        if loss.requires_grad:
-            with CommRecorder(exercise=exercise) as backward:
-                guarded_call(exercise, label, loss.backward)
-            report["backward"] = plain_ops(backward.ops)
-        else:
-            report["no_grad"] = True
+    where = f"{exercise} ({label})"
+    try:
+        if y.shape == dy.shape and aux.numel() == 1:
+            loss = (y * dy).sum() + aux.reshape(())
+            if loss.requires_grad:
+                with CommRecorder(exercise=exercise) as backward:
+                    guarded_call(exercise, label, loss.backward)
+                report["backward"] = plain_ops(backward.ops)
+            else:
+                report["no_grad"] = True
+        # Every rank of the group is past backward here. A rank that skipped an all-to-all of backward
+        # reaches this barrier while a peer still waits in that all-to-all: the grader's router reports the
+        # mismatch at once (with gloo it shows as a wait that times out), instead of a deadlock.
+        dist.barrier(group=group)
+    except Exception as exc:
+        if "barrier" in str(exc):
+            raise LearnerError(where, "the ranks of the group did not make the same all-to-alls in backward"
+                                      + BACKWARD_ADVICE) from exc
+        raise
     report["input_grad"] = x.grad.clone() if x.grad is not None else None
     report["params"] = {n: p.detach().clone() for n, p in layer.named_parameters()}
     report["grads"] = {n: (p.grad.clone() if p.grad is not None else None)
