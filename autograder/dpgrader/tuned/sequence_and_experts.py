@@ -84,7 +84,7 @@ class SequenceParallelMLP(nn.Module):
         self.fc2 = nn.Linear(hidden // n, block.fc2.out_features, bias=block.fc2.bias is not None)
         self.fc1.to(block.fc1.weight)
         self.fc2.to(block.fc2.weight)
-        with torch.no_grad():
+        with torch.no_grad():  # copies of the slices, not views
             self.fc1.weight.copy_(block.fc1.weight[rows])
             if block.fc1.bias is not None:
                 self.fc1.bias.copy_(block.fc1.bias[rows])
@@ -115,7 +115,7 @@ def ring_attention(q, k, v, positions, causal=False):
     """Attention of this rank's queries over the whole sequence; K/V blocks go around the ring."""
     n, me = dist.get_world_size(), dist.get_rank()
     mine = positions[me]
-    out = torch.zeros_like(q)
+    out = torch.zeros_like(q)  # the merged output so far
     lse = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)
     kv = torch.stack((k, v))
     for step in range(n):
