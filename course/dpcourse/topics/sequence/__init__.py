@@ -3,8 +3,8 @@
   models    the unsharded references: a transformer MLP block (sequence first), attention written
             out in float64 with a causal mask on global positions, and the two splits of a sequence
             (contiguous, and the load-balanced head-and-tail split)
-  measure   what a rank holds, saves and computes: peak memory of a call, bytes autograd saves in a
-            submodule, FLOPs before each message (torch's FlopCounterMode)
+  measure   what a rank holds, keeps and computes: peak memory of a call, bytes a LayerNorm keeps for
+            backward, FLOPs before each message (torch's FlopCounterMode)
   runs      run a learner's sequence-parallel block or context-parallel attention on ranks; plain
             results, records and measurements back
   checks    verdicts for test cells: values against one process, messages, memory and work
