@@ -238,3 +238,34 @@ def test_every_collective_on_gloo_gives_the_same_under_the_grader(pool, world):
             got = routed[rank][name]
             same = torch.equal(got, want) if isinstance(want, torch.Tensor) else got == want
             assert same, f"rank {rank}, {name}: under the grader {got}, on gloo {want}"
+
+
+def tensor_collectives():
+    """torch 2.13's tensor forms of the collectives (notebook 12): all_gather_single and
+    reduce_scatter_single along dim 0, and all_to_all_single with uneven splits, some empty."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    gathered = torch.empty(2 * world, 3)
+    dist.all_gather_single(gathered, torch.full((2, 3), float(rank)))
+    scattered = torch.empty(2, 3)
+    dist.reduce_scatter_single(scattered, torch.arange(6.0 * world).reshape(2 * world, 3) * (rank + 1))
+    sizes = [(rank + peer) % 3 for peer in range(world)]  # rows to each peer: 0, 1 or 2
+    rows = torch.cat([torch.full((n, 2), float(10 * rank + peer)) for peer, n in enumerate(sizes)])
+    incoming = [(peer + rank) % 3 for peer in range(world)]  # what each peer sends to this rank
+    received = torch.empty(sum(incoming), 2)
+    dist.all_to_all_single(received, rows, incoming, sizes)
+    return gathered[:, 0], scattered, received[:, 0]
+
+
+def test_tensor_collectives_and_uneven_all_to_all_match_gloo(pool):
+    world = 3
+    results = launch(tensor_collectives, world)
+    total = sum(r + 1 for r in range(world))
+    for rank, (gathered, scattered, received) in enumerate(results):
+        assert gathered.tolist() == [float(r) for r in range(world) for _ in range(2)]
+        whole = torch.arange(6.0 * world).reshape(2 * world, 3) * total
+        assert torch.equal(scattered, whole[2 * rank:2 * rank + 2])
+        assert received.tolist() == [float(10 * peer + rank) for peer in range(world)
+                                     for _ in range((peer + rank) % 3)]
+    ops = [(op.op, op.nbytes) for op in observed_traffic()[0]]
+    assert ops[:2] == [("all_gather_into_tensor", 2 * 3 * 4), ("reduce_scatter_tensor", 6 * world * 4)]
+    assert ops[2] == ("all_to_all_single", sum(r % 3 for r in range(world)) * 2 * 4)

@@ -1,0 +1,1 @@
+"""The grader side of 12_sequence_and_experts."""

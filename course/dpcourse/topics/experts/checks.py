@@ -1,0 +1,289 @@
+"""Verdicts for notebook 12's mixture-of-experts test cells, against the single-process layer.
+
+    expect_routing(route_tokens(logits, 2, 1.0), logits, 2, 1.0, "route_tokens(logits, 2, 1.0)")
+    expect_moe(runs, case, "ExpertParallelMoE")
+
+Why a module: a router is right when every token goes to its k most probable experts with the
+right gates, when each expert takes exactly the token-choices its capacity allows in the stated
+order, and when the load-balancing loss is Switch Transformer's formula; an expert-parallel layer
+is right when every rank's output, loss, dropped count and gradients are what the single-process
+layer computes on that rank's tokens, and when only the kept tokens travel, in two all-to-alls
+each way. The references are `models.route` (plain loops, float64) and autograd on it, in the
+test cell's process. Messages name the token, the expert, the rank holding it, and the rule.
+"""
+
+import torch
+
+from dpcourse.checks.core import describe
+from dpcourse.topics.experts.models import ALPHA, aux_loss, capacity, choices, mixture, route, served
+from dpcourse.topics.sequence.checks import close
+from dpcourse.topics.tensor.checks import case_group, expect_collectives, expect_tensor
+
+F64 = 8
+ALL_TO_ALL = ("all_to_all_single", "all_to_all")
+COUNTS = ("all_to_all_single", "all_to_all", "all_gather", "all_gather_into_tensor")
+
+
+# --------------------------------------------------------------------------- route_tokens
+
+def expect_routing(got, logits, k, capacity_factor, what, alpha=ALPHA):
+    """got = route_tokens(logits, k, capacity_factor): (experts, gates, kept, aux_loss) as the rules say."""
+    if not (isinstance(got, (tuple, list)) and len(got) == 4):
+        raise AssertionError(f"{what} should return (experts, gates, kept, aux_loss), got "
+                             f"{describe(got)[:200]}")
+    experts, gates, kept, aux = got
+    tokens, n_experts = logits.shape
+    probs, want_experts, want_gates = choices(logits.double(), k)
+    for name, value in (("experts", experts), ("gates", gates), ("kept", kept), ("aux_loss", aux)):
+        if not isinstance(value, torch.Tensor):
+            raise AssertionError(f"{what}: {name} should be a tensor, got {type(value).__name__}")
+    if experts.shape != (tokens, k) or experts.dtype != torch.int64:
+        raise AssertionError(f"{what}: experts should be an int64 tensor of shape ({tokens}, {k}) (each "
+                             f"token's k experts, most probable first), got {experts.dtype} "
+                             f"{tuple(experts.shape)}")
+    if not torch.equal(experts.cpu(), want_experts):
+        t = _first_row(experts.cpu() != want_experts)
+        raise AssertionError(f"{what}: token {t} chose experts {experts[t].tolist()}, expected "
+                             f"{want_experts[t].tolist()}: the {k} largest probabilities, most probable "
+                             "first "
+                             f"(softmax(logits).topk(k)), p = {[round(p, 4) for p in probs[t].tolist()]}")
+    wrong_gates = []
+    if k > 1:
+        wrong_gates.append((probs.gather(1, want_experts), "the probabilities themselves: with k = 2 the two "
+                                                           "gates are divided by their sum (they add up to "
+                                                           "1)"))
+    else:
+        wrong_gates.append((torch.ones_like(want_gates), "all ones: the gate is the chosen expert's "
+                                                         "probability"))
+    expect_tensor(gates, want_gates, f"{what}: gates", wrong_gates)
+    cap = capacity(tokens, n_experts, k, capacity_factor)
+    want_kept = served(want_experts, cap, n_experts)
+    if kept.shape != want_kept.shape or kept.dtype != torch.bool:
+        raise AssertionError(f"{what}: kept should be a bool tensor of shape ({tokens}, {k}), got "
+                             f"{kept.dtype} {tuple(kept.shape)}")
+    if not torch.equal(kept.cpu(), want_kept):
+        message = _kept_message(kept.cpu(), want_kept, want_experts, cap, tokens, k, n_experts,
+                                capacity_factor)
+        raise AssertionError(f"{what}: {message}")
+    want_aux = aux_loss(probs, want_experts, alpha)
+    wrong_aux = _aux_mistakes(probs, want_experts, want_kept, alpha)
+    expect_tensor(aux.reshape(()), want_aux, f"{what}: aux_loss (alpha · E · sum_i f_i · P_i)", wrong_aux)
+
+
+def _first_row(mask):
+    return int(mask.any(dim=1).nonzero()[0])
+
+
+def _kept_message(kept, want, experts, cap, tokens, k, n_experts, capacity_factor):
+    t, c = [int(i) for i in (kept != want).nonzero()[0]]
+    e = int(experts[t, c])
+    takers = [(int(tt), int(cc)) for cc in range(k) for tt in range(tokens) if int(experts[tt, cc]) == e]
+    counts = torch.bincount(experts[kept].flatten(), minlength=n_experts).tolist() if kept.any() else []
+    over = [i for i, count in enumerate(counts) if count > cap]
+    state = "kept" if kept[t, c] else "dropped"
+    rule = (f"expert {e}'s capacity is C = ceil({capacity_factor:g} x {k} x {tokens} / {n_experts}) = {cap}; "
+            f"choices reach it in this order: "
+            + ", ".join(f"token {tt} (choice {cc})" for tt, cc in takers[:cap + 2])
+            + (", ..." if len(takers) > cap + 2 else "")
+            + " -- first choices in token order, then second choices; it takes the first C")
+    extra = f" (expert {over[0]} kept {counts[over[0]]} > C = {cap})" if over else ""
+    return (f"token {t}'s choice {c} (expert {e}) is {state}, expected "
+            f"{'kept' if want[t, c] else 'dropped'}{extra}: {rule}")
+
+
+def _aux_mistakes(probs, experts, kept, alpha):
+    tokens, n_experts = probs.shape
+    P = probs.mean(dim=0)
+    first = torch.bincount(experts[:, 0], minlength=n_experts).double() / tokens
+    kept_first = torch.bincount(experts[:, 0][kept[:, 0]], minlength=n_experts).double() / tokens
+    every = torch.bincount(experts.flatten(), minlength=n_experts).double() / (tokens * experts.shape[1])
+    return [
+        (alpha * (first * P).sum(), "the factor E (the number of experts) is missing: alpha · E · sum f_i "
+                                    "P_i"),
+        (alpha * n_experts * (P * P).sum(), "f_i must be the fraction of tokens whose first choice is "
+                                            "expert i "
+                                            "(a count, not probabilities)"),
+        (alpha * n_experts * (kept_first * P).sum(), "f_i counted the kept tokens only: it counts the "
+                                                     "router's "
+                                                     "choices, before the capacity drops any"),
+        (alpha * n_experts * (every * P).sum(), "f_i counted every choice of a token: Switch Transformer's "
+                                                "f_i counts the first choice (argmax) only"),
+        ((first * P).sum() * n_experts, "alpha (0.01) is missing"),
+    ] if experts.shape[1] > 1 else [
+        (alpha * (first * P).sum(), "the factor E (the number of experts) is missing: alpha · E · sum f_i "
+                                    "P_i"),
+        (alpha * n_experts * (P * P).sum(), "f_i must be the fraction of tokens whose first choice is "
+                                            "expert i "
+                                            "(a count, not probabilities)"),
+        (alpha * n_experts * (kept_first * P).sum(), "f_i counted the kept tokens only: it counts the "
+                                                     "router's "
+                                                     "choices, before the capacity drops any"),
+        ((first * P).sum() * n_experts, "alpha (0.01) is missing"),
+    ]
+
+
+# --------------------------------------------------------------------------- ExpertParallelMoE
+
+def moe_reference(case, world_size):
+    """Per world rank: route(moe, x_r) with x_r's gradient, the router's gradient from its own loss,
+    and the experts' gradients summed over its group, for loss_r = sum(y_r · dy_r) + aux_r."""
+    moe = mixture(**dict(case["full"], device="cpu"))
+    per_rank = []
+    for rank in range(world_size):
+        x = case["xs"][rank].double().clone().requires_grad_()
+        out = route(moe, x)
+        loss = (out["y"] * case["dys"][rank].double()).sum() + out["aux_loss"]
+        params = list(moe.parameters())
+        grads = torch.autograd.grad(loss, [x, *params], allow_unused=True)
+        names = [n for n, _ in moe.named_parameters()]
+        param_grads = {n: (g if g is not None else torch.zeros_like(p))
+                       for n, p, g in zip(names, params, grads[1:], strict=True)}
+        per_rank.append(dict(out=out, x_grad=grads[0], grads=param_grads))
+    return moe, per_rank
+
+
+def _wrong_tokens(got, out, group):
+    """' (wrong for tokens [...], whose kept choices went to experts [...] held by ranks [...]; tokens [...]
+    had every choice dropped)', to point at an expert or at the capacity."""
+    if not isinstance(got, torch.Tensor) or got.shape != out["y"].shape:
+        return ""
+    bad = ((got.double() - out["y"].detach()).abs() > 1e-8).any(dim=1).nonzero().flatten().tolist()
+    if not bad:
+        return ""
+    routed = [t for t in bad if out["kept"][t].any()]
+    dropped = [t for t in bad if not out["kept"][t].any()]
+    experts = sorted({int(e) for t in routed
+                      for e, kept in zip(out["experts"][t], out["kept"][t], strict=True) if kept})
+    per = len(out["load"]) // len(group)
+    parts = []
+    if routed:
+        owners = sorted({group[e // per] for e in experts})
+        parts.append(f"wrong for tokens {routed[:8]}{' ...' if len(routed) > 8 else ''}, whose kept choices "
+                     f"went to expert(s) {experts}, held by rank(s) {owners}")
+    if dropped:
+        parts.append(f"tokens {dropped[:8]}{' ...' if len(dropped) > 8 else ''} had every choice dropped "
+                     f"over capacity: their y is 0")
+    return " (" + "; ".join(parts) + ")"
+
+
+def _wrong_outputs(moe, x):
+    with torch.no_grad():
+        return [(route(moe, x, drop=False)["y"], "the token-choices over capacity were processed too: drop "
+                                                 "them "
+                                                 "(they add nothing to y)"),
+                (route(moe, x, gated=False)["y"], "the experts' outputs were not weighed by their gates")]
+
+
+def expect_moe(case_runs, case, what):
+    """Every rank of an ExpertParallelMoE case: experts held, output, aux_loss, dropped count, gradients
+    (x, router, its experts), and the all-to-alls of each direction."""
+    world_size = len(case_runs)
+    moe, reference = moe_reference(case, world_size)
+    n_experts = len(moe.experts)
+    for run in case_runs:
+        _expect_held(run, moe, case_group(case, run.rank, world_size), what)
+    for run in case_runs:
+        group = case_group(case, run.rank, world_size)
+        ref, where = reference[run.rank], f"{what}: rank {run.rank}"
+        out = ref["out"]
+        x = case["xs"][run.rank].double()
+        if not close(run.output, out["y"].detach()):
+            tokens = _wrong_tokens(run.output, out, group)
+            expect_tensor(run.output, out["y"].detach(), f"{where}'s output y{tokens}",
+                          _wrong_outputs(moe, x))
+        expect_tensor(run.aux_loss.reshape(()) if isinstance(run.aux_loss, torch.Tensor) else run.aux_loss,
+                      out["aux_loss"].detach(), f"{where}'s aux_loss (of its own {x.shape[0]} tokens)")
+        if run.dropped != out["dropped"]:
+            raise AssertionError(f"{where}: `dropped` is {run.dropped}, expected {out['dropped']} "
+                                 "token-choices "
+                                 f"over capacity (C = {out['capacity']} per expert for its {x.shape[0]} "
+                                 "tokens)")
+        if run.no_grad or run.input_grad is None:
+            raise AssertionError(f"{where}: no gradient reached x: the all-to-alls must carry gradients back "
+                                 f"(an autograd.Function whose backward is the all-to-all the other way)")
+        expect_tensor(run.input_grad, ref["x_grad"], f"{where}'s gradient of x")
+        expect_tensor(run.grads.get("router.weight"), ref["grads"]["router.weight"],
+                      f"{where}'s gradient of router.weight (from its own tokens' loss)")
+        n, index = len(group), group.index(run.rank)
+        per = n_experts // n
+        for j in range(per):
+            e = index * per + j
+            total = {}
+            for member in group:
+                for name, grad in reference[member]["grads"].items():
+                    if name.startswith(f"experts.{e}."):
+                        total[name] = total.get(name, 0) + grad
+            for name, grad in total.items():
+                mine = name.replace(f"experts.{e}.", f"experts.{j}.", 1)
+                got = run.grads.get(mine)
+                if got is None:
+                    got = torch.zeros_like(grad)
+                expect_tensor(got, grad, f"{where}: expert {e} (its experts.{j}): the gradient of "
+                              f"{mine.split('.', 2)[2]}, summed over the tokens of every rank routed to it")
+        sent, received = _token_counts(reference, group, run.rank, n_experts, n)
+        d = x.shape[1]
+        counts = (COUNTS, None)
+        expect_collectives(run, [o for o in run.forward], [counts, (ALL_TO_ALL, sent * d * F64),
+                                                           (ALL_TO_ALL, received * d * F64)],
+                           what, "forward", group, rule="one exchange of token counts, then the kept tokens "
+                                                        "to "
+                                                        "their experts' ranks and the results back: two "
+                                                        "all-to-alls with uneven splits")
+        _expect_small(run, run.forward[:1], n_experts, n, what)
+        backward = [(ALL_TO_ALL, sent * d * F64), (ALL_TO_ALL, received * d * F64)]
+        expect_collectives(run, run.backward, backward, what, "backward", group,
+                           rule="each all-to-all's backward is the all-to-all the other way, with the splits "
+                                "swapped")
+
+
+def _expect_small(run, ops, n_experts, n, what):
+    for o in ops:
+        if o.nbytes > F64 * n_experts * n:
+            raise AssertionError(f"{what}: rank {run.rank}'s first {o.op} carried {o.nbytes} bytes: "
+                                 "exchange the "
+                                 f"token counts per expert ({n_experts} integers) before the tokens "
+                                 "themselves")
+
+
+def _token_counts(reference, group, rank, n_experts, n):
+    """(token-choices rank sends away, token-choices its experts receive), kept ones only."""
+    per = n_experts // n
+    mine = range(group.index(rank) * per, (group.index(rank) + 1) * per)
+    out = reference[rank]["out"]
+    sent = int(out["kept"].sum())
+    received = sum(int(((reference[m]["out"]["experts"] == e) & reference[m]["out"]["kept"]).sum())
+                   for m in group for e in mine)
+    return sent, received
+
+
+def _expect_held(run, moe, group, what):
+    n, index = len(group), group.index(run.rank)
+    n_experts = len(moe.experts)
+    per = n_experts // n
+    full = dict(moe.named_parameters())
+    expected = {"router.weight": full["router.weight"]}
+    for j in range(per):
+        for name, p in moe.experts[index * per + j].named_parameters():
+            expected[f"experts.{j}.{name}"] = p
+    if sorted(run.params) != sorted(expected):
+        raise AssertionError(f"{what}: rank {run.rank}'s layer has parameters {sorted(run.params)[:8]}, "
+                             "expected "
+                             f"{sorted(expected)[:8]}{' ...' if len(expected) > 8 else ''}: a copy of the "
+                             "router "
+                             f"as `router` and its {per} expert(s) as `experts` (an nn.ModuleList), nothing "
+                             "else")
+    for name, want in expected.items():
+        got = run.params[name]
+        if got.shape == want.shape and torch.equal(got.double(), want.detach().double()):
+            continue
+        owner = next((e for e in range(n_experts)
+                      if name.startswith("experts.") and
+                      torch.equal(got.double(), dict(moe.experts[e].named_parameters())[name.split(".", 2)[2]]
+                                  .detach().double())), None)
+        hint = ""
+        if owner is not None:
+            hint = (f" -- it holds expert {owner}'s; rank {run.rank} is rank {index} of its group of {n}, "
+                    "whose "
+                    f"experts are {index * per}..{index * per + per - 1} (dist.get_rank(group) x E / N "
+                    "onwards)")
+        raise AssertionError(f"{what}: rank {run.rank}'s {name} is not the expected expert's{hint}")
