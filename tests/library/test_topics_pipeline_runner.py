@@ -222,7 +222,7 @@ def test_only_the_last_stage_returns_a_value():
     case = PipelineCase(MODEL, [0, 3, 5], X, Y, n_micro=3, schedule=gpipe)
     calls = run_pipeline(partial(scheduled_step, other_stages=0.0), case, exercise="step")
     with pytest.raises(AssertionError,
-                       match=r"stage 0 \(rank 0\) returned 0: every stage but the last must return None"):
+                       match=r"stage 0 \(rank 0\) returned 0.0: every stage but the last must return None"):
         expect_pipeline_step(calls, case, "zero")
 
 

@@ -19,6 +19,7 @@ import io
 import os
 import pickle
 import re
+import select
 import signal
 import socket
 import threading
@@ -145,10 +146,11 @@ class CallSession:
     def call(self, name, args, kwargs, timeout):
         """(report, printed text): the learner's answer to one call, within `timeout` seconds."""
         blob = dumps((name, args, kwargs))
+        deadline = time.monotonic() + timeout
         self.sock.settimeout(timeout)
         try:
             self.sock.sendall(LENGTH_PREFIX.pack(len(blob)) + blob)
-            report = wire.read_value(self.sock, REPORT_LIMIT)
+            report = self._answer(deadline)
         except TimeoutError:
             self.close()
             raise TimeoutError(f"{name} did not return within {timeout:g} s (an endless loop, or a wait "
@@ -157,17 +159,36 @@ class CallSession:
             report = None
         if report is None:
             self.close()
-            raise RuntimeError(f"{name} ended the process it ran in (os._exit, a crash, or too much "
-                               f"memory)") from None
+            raise RuntimeError(f"{name} ended the process it ran in (os._exit, a crash, too much memory, "
+                               f"or a process it started that killed it)") from None
         time.sleep(0.005)  # let the last lines it printed arrive
         with self.lock:
             printed, self.output = self.output.decode(errors="replace"), bytearray()
         return report, printed
 
+    def _answer(self, deadline):
+        """The report of the call in flight, or None once the learner process has ended without one.
+
+        Why not simply wait for the socket: a process the learner forked (a daemon) holds the socket
+        open, so the end of the learner process is not an end of file; its exit, which the zygote
+        reports, is looked for every POLL_EXIT seconds."""
+        while not select.select([self.sock], [], [], self.POLL_EXIT)[0]:
+            if self.control.poll() is not None:
+                self.ended = True
+                return None
+            if time.monotonic() >= deadline:
+                raise TimeoutError
+        self.sock.settimeout(max(0.1, deadline - time.monotonic()))
+        return wire.read_value(self.sock, REPORT_LIMIT)
+
+    POLL_EXIT = 0.1  # seconds between looks at whether the learner process is still there
+    ended = False  # the zygote reported the learner process's exit
+
     def close(self):
         """Kill the learner process, and every process it started (daemons of a direct call)."""
         self.control.signal(signal.SIGKILL)
-        self.control.poll(block=True)
+        if not self.ended:
+            self.control.poll(block=True)
         self.control.zygote.send(cmd="clean")
         for fd in (self.out, *self.reads):
             try:

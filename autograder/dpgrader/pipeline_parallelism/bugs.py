@@ -72,7 +72,7 @@ NAIVE = [
         loses={"test_naive_pipeline_step_basic": "stage 0 (rank 0): the gradient of 0.weight is"}),
     Bug("naive_pipeline_step", "zero_instead_of_none_on_the_other_stages",
         patch=[("return loss.item() if stage.is_last else None", "return loss.item() if stage.is_last else 0.0")],
-        loses={"test_naive_pipeline_step_basic": "stage 0 (rank 0) returned 0: every stage but the last must "
+        loses={"test_naive_pipeline_step_basic": "stage 0 (rank 0) returned 0.0: every stage but the last must "
                                                  "return None"}),
     Bug("naive_pipeline_step", "waits_for_the_gradient_before_sending_the_activation",
         patch=[("        dist.send(out.detach(), stage.next)\n        grad = torch.empty_like(out)\n"
@@ -99,7 +99,7 @@ GPIPE = [
         loses={"test_gpipe_step_basic": "after the forward of micro-batch 1: IndexError"}),
     Bug("gpipe_step", "the_loss_returned_by_every_stage",
         patch=[("    return total if stage.is_last else None", "    return total")],
-        loses={"test_gpipe_step_basic": "stage 0 (rank 0) returned 0: every stage but the last must return "
+        loses={"test_gpipe_step_basic": "stage 0 (rank 0) returned 0.0: every stage but the last must return "
                                         "None"}),
     Bug("gpipe_step", "one_receive_buffer_for_every_micro_batch",
         patch=[("    inputs, outputs, total = [], [], 0.0\n",

@@ -187,3 +187,46 @@ def expect_close(got, expected, what, atol=None, rtol=None, rank=None, hint=""):
     if not is_close(got, expected, atol=atol, rtol=rtol):
         raise AssertionError(f"{where}{what} is {describe(got)}, expected {describe(expected)}"
                              f"{ratio_hint(got, expected)}" + (f": {hint}" if hint else ""))
+
+
+# --------------------------------------------------------- refusals ("raise a ValueError that says so")
+
+def what_it_raises(call, *args, **kwargs):
+    """Run call(*args, **kwargs) (on a rank) and say what it raised: "<type name>: <message>", or "nothing".
+
+    The type's own name, not the ValueError it may derive from: the course's layout checks raise a
+    subclass of ValueError (dpcourse.comm.recorder.TensorLayoutError) when a collective is given sizes that
+    do not fit, and that is not the learner's refusal.
+    """
+    try:
+        call(*args, **kwargs)
+    except Exception as error:  # the learner's exception, whatever it is, is the answer
+        return f"{type(error).__name__}: {error}"
+    return "nothing"
+
+
+def expect_says_why(raised, what, numbers, rule, rank=None):
+    """`raised` (what_it_raises' answer) is a ValueError whose message gives each of `numbers` as a number
+    of its own. numbers: {what the number counts: value}, e.g. {"positions": 5, "ranks": 2}; rule: what the
+    text asks for. Why the numbers: "a ValueError that says so" is graded on the saying too."""
+    who = "it" if rank is None else f"rank {rank}"
+    if raised == "nothing":
+        raise AssertionError(f"{what}: {who} raised nothing: expected a ValueError ({rule})")
+    if not raised.startswith("ValueError:"):
+        raise AssertionError(f"{what}: {who} raised {raised[:200].rstrip(': ')}: expected a ValueError of "
+                             f"your own ({rule})")
+    if missing_numbers(raised, numbers):
+        raise AssertionError(f"{what}: {who} raised {raised[:200]}: a ValueError, but its message should say "
+                             f"why, giving the numbers {wanted_numbers(numbers)} ({rule})")
+
+
+def missing_numbers(text, numbers):
+    """The values of `numbers` ({name: value}) that `text` does not give as numbers of their own."""
+    import re
+
+    return [v for v in numbers.values() if not re.search(rf"(?<![\d.]){v}(?![\d.])", text)]
+
+
+def wanted_numbers(numbers):
+    """{"positions": 5, "ranks": 2} -> '5 (positions) and 2 (ranks)'."""
+    return " and ".join(f"{value} ({name})" for name, value in numbers.items())

@@ -17,12 +17,11 @@ row-parallel output off by (N - 1) x bias (bias added on every rank), an all-red
 group is the whole world, a weight slice that belongs to another rank.
 """
 
-import re
 from contextlib import contextmanager
 
 import torch
 
-from dpcourse.checks.core import TOLERANCES, describe, number, ratio_hint
+from dpcourse.checks.core import TOLERANCES, describe, missing_numbers, number, ratio_hint, wanted_numbers
 from dpcourse.topics.tensor.runs import BUILDERS
 from dpcourse.topics.tensor.shards import column_shard, locate_slices, row_shard
 
@@ -528,7 +527,6 @@ def expect_refusal(case_runs, what, numbers, rule):
     numbers: {what the number counts: value}, e.g. {"output features": 10, "ranks": 4}; the message must
     contain each value as a number of its own (not as part of another). rule: what the text asks for.
     """
-    wanted = " and ".join(f"{value} ({name})" for name, value in numbers.items())
     for run in case_runs:
         raised = run.refused
         if raised is None:
@@ -536,10 +534,10 @@ def expect_refusal(case_runs, what, numbers, rule):
         if not raised.startswith("ValueError"):
             raise AssertionError(f"{what}: rank {run.rank} raised {raised[:200].rstrip(': ')}: expected a "
                                  f"ValueError ({rule})")
-        missing = [v for v in numbers.values() if not re.search(rf"(?<![\d.]){v}(?![\d.])", raised)]
-        if missing:
+        if missing_numbers(raised, numbers):
             raise AssertionError(f"{what}: rank {run.rank} raised {raised[:200]}: a ValueError, but its "
-                                 f"message should say why, giving the numbers {wanted} ({rule})")
+                                 f"message should say why, giving the numbers "
+                                 f"{wanted_numbers(numbers)} ({rule})")
 
 
 # --------------------------------------------------------------------------- blocks of earlier exercises
