@@ -211,6 +211,27 @@ def test_disk_writes_are_bounded_and_a_1_gib_message_does_not_grow_the_judge(tmp
     wrote = [int(n) for n in re.findall(r"wrote (\d+) MiB", verdicts["test_my_slice_basic"]["output"])]
     assert wrote and max(wrote) <= 3 * 256 + 64, verdicts["test_my_slice_basic"]["output"][-500:]
     assert grown < 150 << 20, f"the judge grew by {grown >> 20} MiB"
+    # the rank blocked writing the rest of its 1 GiB is told at once (not left to the launch's deadline)
+    assert "did not finish within" not in verdicts["test_my_slice_basic"]["evalue"], verdicts
+
+
+TOO_LARGE = '''
+def my_slice(data):
+    import torch, torch.distributed as dist
+    dist.all_reduce(torch.zeros(10_000_000, dtype=torch.float64))  # 80 MB: no exercise of 00 needs that
+    return data[dist.get_rank()::dist.get_world_size()]
+'''
+
+
+def test_a_message_larger_than_the_exercise_needs_is_refused_saying_so(tmp_path, no_orphans):
+    """The router stops reading a rank whose frame is too large; the rank's call fails with the router's
+    reason, not with the broken pipe that stopping leaves."""
+    big = submission(tmp_path, "big", "00_orientation", {"my_slice": TOO_LARGE})
+    with JudgeWorker(sandboxed=True) as worker:
+        verdicts = worker.judge(SOURCE, big)
+    message = verdicts["test_my_slice_basic"]["evalue"]
+    assert "a message of 80000000 bytes" in message and "needs that much" in message, message
+    assert passed(verdicts)["test_global_mean_basic"], verdicts
 
 
 SLEEPER = "import time\ndef my_slice(data):\n    time.sleep(55)\n"

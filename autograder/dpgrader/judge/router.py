@@ -11,6 +11,8 @@ rank, bytes, group as world ranks), the same records the in-rank recorder gives 
 """
 
 import collections
+import contextlib
+import socket
 import threading
 import time
 
@@ -101,6 +103,10 @@ class Router:
                     self._reply(rank, {"k": "error", "seq": seq, "msg": (
                         f"rank {rank} sent {exc}: no message of {self.exercise} needs that much (the "
                         f"grader stopped reading this rank)")})
+                    # and says so at once: a rank blocked writing the rest of the message gets an error
+                    # now, rather than waiting for the launch's deadline (the reply stays readable)
+                    with contextlib.suppress(OSError):
+                        sock.shutdown(socket.SHUT_RD)
                     return
                 if frame is None:
                     return

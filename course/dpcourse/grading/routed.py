@@ -50,12 +50,34 @@ class Link:
         seq = next(self.seq)
         future = Future()
         ack_future = Future() if ack else None
-        with self.lock:
-            self.pending[seq] = (future, what, time.monotonic() + self.timeout, on_reply)
-            if ack_future is not None:
-                self.acks[seq] = ack_future
-            self.sock.sendall(wire.encode(dict(header, seq=seq), tensors))
+        try:
+            with self.lock:
+                self.pending[seq] = (future, what, time.monotonic() + self.timeout, on_reply)
+                if ack_future is not None:
+                    self.acks[seq] = ack_future
+                self.sock.sendall(wire.encode(dict(header, seq=seq), tensors))
+        except OSError:
+            refused = self._refusal(future)
+            if refused is None:
+                raise
+            raise RuntimeError(refused) from None
         return future, ack_future
+
+    def _refusal(self, future):
+        """The router stops reading a rank whose message is larger than the exercise can need, and its
+        reply says so: that is the error to raise, not the broken pipe it leaves. None: no such reply."""
+        end = time.monotonic() + self.REFUSAL_WAIT
+        while not future.done() and time.monotonic() < end:
+            time.sleep(0.01)
+        if not future.done():
+            return None
+        try:
+            future.wait()
+        except RuntimeError as exc:
+            return str(exc)
+        return None
+
+    REFUSAL_WAIT = 2.0  # seconds a failed send waits for the router's reply saying why
 
     def _read(self):
         try:
