@@ -126,7 +126,7 @@ lint: install  ## ruff
 
 test: machine-deps install $(PROXY_STAMP)  ## lint, then every test (launcher, notebooks, grading, lab, browser, hub)
 	$(BIN)/ruff check .
-	$(PY) -m pytest -n $(JOBS) --dist loadgroup --durations=15
+	$(PY) -m pytest -n $(JOBS) --dist loadgroup --durations=40
 
 test-under-load: install  ## make test with two busy loops per core beside it: the suite must hold on a loaded machine
 	$(PY) tests/under_load.py -- $(MAKE) test
