@@ -32,6 +32,8 @@ from dpcourse.topics.pipeline.checks import (
     expect_released,
     expect_schedule,
 )
+from dpcourse.topics.pipeline.measured import MICRO as MICRO_MEASURED
+from dpcourse.topics.pipeline.measured import STAGES, expect_schedule_memory
 from dpcourse.topics.pipeline.runner import PipelineCase, run_pipeline_cases
 from dpcourse.topics.pipeline.schedules import gpipe_schedule
 from dpcourse.topics.pipeline.stages import layer_stack
@@ -231,3 +233,10 @@ def check_run_schedule(run_schedule):
         held = [m] * p if gpipe else [min(p - s, m) for s in range(p)]
         expect_held(calls, case, what, held, at_most=True, rule="" if gpipe else ONE_F_ONE_B_RULE)
         expect_released(calls, case, what, rule=RELEASE_RULE)
+    # the same claim measured from outside the rank's objects (a copy kept aside is seen too)
+    schedules = [reference_one_f_one_b(STAGES, MICRO_MEASURED, s) for s in range(STAGES)]
+    expect_schedule_memory(run_schedule, schedules, "run_schedule(1F1B schedule), memory measured",
+                           in_flight=[min(STAGES - s, MICRO_MEASURED) for s in range(STAGES)],
+                           hint="a micro-batch's activations are still held after its backward (a copy in a "
+                                "list or an attribute, a request never waited for), or more micro-batches "
+                                "are in flight than 1F1B allows")

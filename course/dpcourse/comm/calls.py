@@ -173,8 +173,11 @@ def run_cases(fn, world_size, cases, *, exercise, group_timeout=GROUP_TIMEOUT, d
 
 def own_part(case, rank):
     """What rank `rank` is sent of a case while graded: its own input only, never its peers' (each
-    rank learns the others' data from messages, as on a real cluster). Cases built by `prepare`
-    (not dicts with inputs) are sent whole."""
+    rank learns the others' data from messages, as on a real cluster). A case built by `prepare`
+    says what each rank may see with its "own_part" (a picklable own_part(case, rank), e.g. a
+    pipeline's: only the rank's own stage); one without it is sent whole."""
+    if isinstance(case, dict) and callable(case.get("own_part")):
+        return case["own_part"](case, rank)
     if not isinstance(case, dict) or "inputs" not in case:
         return case
     inputs = case["inputs"]

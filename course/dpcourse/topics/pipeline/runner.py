@@ -47,11 +47,13 @@ direction is micro-batch k's.
 Used by notebook 07 (pipeline parallelism) and notebook 09 (hybrid parallelism).
 """
 
+import copy
 import time
 import traceback
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 
 import torch
 
@@ -128,6 +130,27 @@ class PipelineCase:
             return (self.schedule(self.n_stages, self.micro, stage_index),)
         return (list(self.schedule[stage_index]),)
 
+    def for_rank(self, rank):
+        """What rank `rank` is sent of this case while graded: the weights of its own stage only (every
+        other stage's are zeros of the same shapes), the batch's values on the first stage and the
+        targets' on the last (zeros of their shapes elsewhere: the other stages read only their row
+        counts). A stage then learns what it needs from its neighbours' messages, as on a real cluster,
+        and cannot compute another stage's part alone."""
+        if rank not in self.ranks:
+            return replace(self, make_model=partial(_given, None), batch=torch.zeros_like(self.batch),
+                           targets=torch.zeros_like(self.targets), _widths=self.widths)
+        index = self.stage_of(rank)
+        model = self.make_model()
+        with torch.no_grad():
+            for position, layer in enumerate(model):
+                if not self.cuts[index] <= position < self.cuts[index + 1]:
+                    for parameter in layer.parameters():
+                        parameter.zero_()
+        first, last = index == 0, index == self.n_stages - 1
+        return replace(self, make_model=partial(_given, model), _widths=self.widths,
+                       batch=self.batch if first else torch.zeros_like(self.batch),
+                       targets=self.targets if last else torch.zeros_like(self.targets))
+
     def validate(self):
         """Clear errors for cases that cannot run (caught before any rank starts)."""
         check_cuts(self.cuts, len(self.make_model()))
@@ -143,6 +166,16 @@ class PipelineCase:
         if isinstance(self.schedule, list) and len(self.schedule) != self.n_stages:
             raise ValueError(f"schedule has {len(self.schedule)} stage lists for {self.n_stages} stages")
         return self
+
+
+def _given(model):
+    """A PipelineCase.for_rank model: a copy of the model it was given (each call builds afresh)."""
+    return copy.deepcopy(model)
+
+
+def _own_part(case, rank):
+    """run_cases' own_part for a pipeline case: the PipelineCase as rank `rank` may see it."""
+    return dict(case, pipeline=case["pipeline"].for_rank(rank))
 
 
 class StageWatch:
@@ -409,7 +442,7 @@ def run_pipeline_cases(step, cases, *, exercise, group_timeout=GROUP_TIMEOUT, de
     world_size = 1 + max(max(case.ranks) for case in cases)
     if len({bool(case.warmup) for case in cases}) != 1:
         raise ValueError("cases of one launch must all have a warm-up, or none")
-    runnable = [dict(pipeline=case, label=case.label, step=step) for case in cases]
+    runnable = [dict(pipeline=case, label=case.label, step=step, own_part=_own_part) for case in cases]
     yield from run_cases(_after_warmup if cases[0].warmup else step, world_size, runnable, exercise=exercise,
                          group_timeout=group_timeout, deadline=deadline, prepare=_prepare,
                          describe=describe_stage, advice=pipeline_advice)
