@@ -87,6 +87,11 @@ G_DOES_F = Bug(  # the other half of "f and g swapped"
             "        return total, None")],
     loses={"test_reduce_from_tp_basic": "issued no communication in forward, expected all_reduce"})
 
+G_FLOAT32_BUFFER = Bug(  # torch.zeros(shape) is float32 whatever x is
+    "reduce_from_tp", "g_float32_buffer",
+    patch=[("        total = x.clone()\n", "        total = torch.zeros(x.shape)\n        total += x\n")],
+    loses={"test_reduce_from_tp_basic": "half the bytes: a float32 buffer"})
+
 # --------------------------------------------------------------------------- gather_from_tp
 
 GATHER_BACKWARD_SUMS = Bug(
@@ -332,7 +337,7 @@ F_AND_G_SWAPPED = Bug(  # f does what g should, g what f should: one notebook
 BUGS = [
     F_NO_BACKWARD_ALL_REDUCE, F_ALL_REDUCES_FORWARD_TOO, F_ON_THE_WORLD, F_REDUCES_THE_GRADIENT_IN_PLACE,
     F_AND_G_SWAPPED,
-    G_ALL_REDUCES_BACKWARD_TOO, G_IN_PLACE_ON_THE_INPUT, G_ON_THE_WORLD, G_DOES_F,
+    G_ALL_REDUCES_BACKWARD_TOO, G_IN_PLACE_ON_THE_INPUT, G_ON_THE_WORLD, G_DOES_F, G_FLOAT32_BUFFER,
     GATHER_BACKWARD_SUMS, GATHER_SLICE_BY_WORLD_RANK, GATHER_ALONG_DIM_0, GATHER_BACKWARD_RETURNS_ALL,
     COLUMN_WITHOUT_F, COLUMN_SLICE_BY_WORLD_RANK, COLUMN_IGNORES_GATHER_OUTPUT, COLUMN_F_ON_THE_WORLD,
     COLUMN_SLICE_IS_A_VIEW, COLUMN_DROPS_THE_REMAINDER,

@@ -103,7 +103,17 @@ def expect_collectives(run, ops, expected, what, direction, group, rule=""):
                                  f"{o.group}, expected its tensor-parallel group {tuple(group)}{whole}")
         if nbytes is not None and o.nbytes != nbytes:
             raise AssertionError(f"{what}: rank {run.rank}'s {o.op} in {direction} handed it {o.nbytes} "
-                                 f"bytes, expected {nbytes}")
+                                 f"bytes, expected {nbytes}{_bytes_hint(o.nbytes, nbytes)}")
+
+
+def _bytes_hint(got, expected):
+    """Why a collective carried the wrong number of bytes, when the ratio says (a buffer's dtype)."""
+    if 2 * got == expected:
+        return (" -- half the bytes: a float32 buffer? torch.zeros(shape) and torch.empty(shape) are float32 "
+                "unless given dtype=: make the buffer like the tensor (x.clone(), torch.empty_like(x))")
+    if got == 2 * expected:
+        return " -- twice the bytes: a float64 buffer for float32 values? make the buffer like the tensor"
+    return ""
 
 
 # --------------------------------------------------------------------------- operators
