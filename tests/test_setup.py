@@ -91,3 +91,21 @@ def test_make_test_without_root_stops_at_once_saying_what_to_run():
     assert proc.returncode != 0 and len(said) == 1 and "sudo make machine-deps" in said[0], said
     assert "chromium" in said[0] and "bubblewrap" in said[0] and "nodejs" in said[0], said
     assert "machine-deps] Error" in proc.stderr, f"make test went past its first step: {proc.stderr}"
+
+
+def test_loadgroup_keeps_a_group_on_one_worker(tmp_path):
+    """`make test` runs with --dist loadgroup so that the grading tests of one assignment share one judge
+    run (tests/markers.exercise_param). pytest 9.2 with pytest-xdist 3.8 drops the groups without a word
+    (pytest-xdist#1386): each of those tests then judged its whole assignment again."""
+    (tmp_path / "test_grouped.py").write_text(
+        "import pytest\n"
+        "GROUPED = [pytest.param(i, marks=pytest.mark.xdist_group('g')) for i in range(6)]\n"
+        "@pytest.mark.parametrize('i', GROUPED)\n"
+        "def test_one(i):\n"
+        "    pass\n")
+    run = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-v",
+                          "-p", "no:cacheprovider", "-o", "addopts=", str(tmp_path / "test_grouped.py")],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert run.returncode == 0, run.stdout[-2000:]
+    workers = set(re.findall(r"\[(gw\d+)\].*PASSED", run.stdout))
+    assert len(workers) == 1, f"one group ran on workers {sorted(workers)}: --dist loadgroup does not group"
