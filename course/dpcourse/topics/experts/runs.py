@@ -28,7 +28,7 @@ from dpcourse.runtime.timeouts import TIMEOUTS
 from dpcourse.topics.experts.models import mixture
 from dpcourse.topics.sequence.runs import (
     LearnerError,
-    failure,
+    each_case,
     guarded_call,
     members_of,
     ops_of,
@@ -61,7 +61,7 @@ def run_moe_cases(cls, world_size, cases, *, exercise, group_timeout=TIMEOUTS["p
     The group timeout is the course's bound for a deadlock (3 s), not the 5 s of other collectives: the
     all-to-alls here move a few rows, and a rank that skips one in backward (a known trap, see
     BACKWARD_ADVICE) leaves its peers waiting for exactly that long."""
-    per_rank = launch(_moe_side, world_size, cls, cases, exercise, group_timeout=group_timeout,
+    per_rank = launch(each_case, world_size, _moe_case, cls, cases, exercise, group_timeout=group_timeout,
                       deadline=deadline)
     raise_first_error(per_rank, exercise, advice=BACKWARD_ADVICE)
     runs = []
@@ -83,18 +83,6 @@ def run_moe_cases(cls, world_size, cases, *, exercise, group_timeout=TIMEOUTS["p
 
 def _fail(exercise, label, message):
     raise LearnerError(f"{exercise} ({label})", message)
-
-
-def _moe_side(cls, cases, exercise):
-    reports = []
-    for case in cases:
-        try:
-            reports.append(_moe_case(cls, case, exercise))
-        except Exception as exc:
-            kind, sentence = failure(exc, exercise, case.get("label", exercise))
-            reports.append({"error" if kind == "error" else "waited": sentence})
-            break  # peers will not match the next case's calls
-    return reports
 
 
 def _moe_case(cls, case, exercise):

@@ -121,7 +121,7 @@ def run_operator_cases(op, world_size, cases, *, exercise, group_timeout=TIMEOUT
                        deadline=None):
     """tensor.runs.run_operator_cases (same cases, same RankRun records, for tensor.checks.expect_operator),
     with the learner's exceptions reported by the lowest rank that raised."""
-    per_rank = launch(_operator_side, world_size, op, cases, exercise, group_timeout=group_timeout,
+    per_rank = launch(each_case, world_size, _operator_case, op, cases, exercise, group_timeout=group_timeout,
                       deadline=deadline)
     raise_first_error(per_rank, exercise)
     runs = []
@@ -140,15 +140,18 @@ def run_operator_cases(op, world_size, cases, *, exercise, group_timeout=TIMEOUT
     return runs
 
 
-def _operator_side(op, cases, exercise):
+def each_case(case_fn, learner, cases, exercise):
+    """Rank side of the notebook-12 runners: case_fn(learner, case, exercise) for each case in turn. The
+    first failure is reported as what the rank says of that case, and ends its cases: its peers would
+    not match the next case's calls."""
     reports = []
     for case in cases:
         try:
-            reports.append(_operator_case(op, case, exercise))
+            reports.append(case_fn(learner, case, exercise))
         except Exception as exc:
             kind, sentence = failure(exc, exercise, case.get("label", exercise))
             reports.append({"error" if kind == "error" else "waited": sentence})
-            break  # peers will not match the next case's calls
+            break
     return reports
 
 
@@ -183,7 +186,7 @@ def piece(tensor, index, count):
 def run_block_cases(cls, world_size, cases, *, exercise, group_timeout=TIMEOUTS["test_group"], deadline=None):
     """Launch world_size ranks; each case builds cls(mlp_block(**full), group), runs forward on
     the rank's piece of x and backward with its piece of dy. Returns [case][rank] BlockRuns."""
-    per_rank = launch(_block_side, world_size, cls, cases, exercise, group_timeout=group_timeout,
+    per_rank = launch(each_case, world_size, _block_case, cls, cases, exercise, group_timeout=group_timeout,
                       deadline=deadline)
     raise_first_error(per_rank, exercise)
     runs = []
@@ -209,18 +212,6 @@ def members_of(case, rank, world_size):
     if groups is None:
         return tuple(range(world_size))
     return next(tuple(m) for m in groups if rank in m)
-
-
-def _block_side(cls, cases, exercise):
-    reports = []
-    for case in cases:
-        try:
-            reports.append(_block_case(cls, case, exercise))
-        except Exception as exc:
-            kind, sentence = failure(exc, exercise, case.get("label", exercise))
-            reports.append({"error" if kind == "error" else "waited": sentence})
-            break  # peers will not match the next case's calls
-    return reports
 
 
 def _block_case(cls, case, exercise):
