@@ -65,14 +65,63 @@ def gradebook_url(root):
     return os.environ.get("DPCOURSE_DB_URL") or f"sqlite:///{root / 'autograder' / 'gradebook.db'}"
 
 
-def submissions(root):
-    """[(student, assignment, notebook path)] for every notebook in submitted/<student>/<assignment>/."""
-    found = []
-    for folder in sorted((root / "autograder" / "submitted").glob("*/*")):
-        if folder.is_dir():
-            for notebook in sorted(folder.glob("*.ipynb")):
-                found.append((folder.parent.name, folder.name, notebook))
-    return found
+def take_submissions(root, into, students=None):
+    """Copy every submitted/<student>/<assignment>/ folder into `into` (regular files only, opened without
+    following links: dpgrader.safe_copy) and return ([(student, assignment, notebook path in `into`)],
+    {(student, assignment or None): [lines saying what was refused and why]}).
+
+    Everything after this reads the copy, never submitted/ itself: the judge, and nbgrader (its
+    submitted folder is set to the copy, see dpgrader.judge.record). A link there (to solutions/, to a
+    classmate's work) is refused and listed, and the student's other real files are kept. Files must
+    belong to whoever owns submitted/ (nbgrader's collect writes them as the instructor)."""
+    from dpgrader.safe_copy import copy_regular_files, open_folder
+
+    submitted = root / "autograder" / "submitted"
+    found, refused = [], {}
+    try:
+        owner = os.stat(submitted).st_uid
+        top = open_folder(submitted)
+    except OSError:
+        return found, refused
+    try:
+        with os.scandir(top) as entries:
+            students_here = sorted(e.name for e in entries if not e.name.startswith("."))
+    finally:
+        os.close(top)
+    for student in students_here:
+        if students and student not in students:
+            continue
+        try:
+            folder = open_folder(submitted, student)
+            with os.scandir(folder) as entries:
+                assignments = sorted(e.name for e in entries if not e.name.startswith("."))
+            os.close(folder)
+        except OSError as exc:
+            refused[(student, None)] = [f"{student}: refused ({_why_not_a_folder(exc)})"]
+            continue
+        for assignment in assignments:
+            target = into / student / assignment
+            try:
+                taken = copy_regular_files(submitted, f"{student}/{assignment}", target, owner=owner)
+            except OSError as exc:
+                why = _why_not_a_folder(exc)
+                refused[(student, assignment)] = [f"{student}/{assignment}: refused ({why})"]
+                continue
+            if taken.refused:
+                refused[(student, assignment)] = taken.lines(f"{student}/{assignment}")
+            notebooks = sorted(f for f in taken.files if f.endswith(".ipynb") and "/" not in f)
+            if not notebooks:
+                shutil.rmtree(target, ignore_errors=True)  # nothing nbgrader could grade: not in the copy
+            found += [(student, assignment, target / name) for name in notebooks]
+    return found, refused
+
+
+def _why_not_a_folder(error):
+    import errno
+
+    if error.errno == errno.ELOOP:
+        return "a symbolic link, not a folder: only regular files and folders are taken"
+    return f"not a folder that can be read ({os.strerror(error.errno)})"
 
 
 def judge_one(worker, student, assignment, notebook, root, verdicts_dir, budget=None):
@@ -189,8 +238,9 @@ class ClassRun:
     order, each starting the next as it finishes one (its sandboxes start once); the calling thread
     records each assignment in the gradebook as soon as its last submission is judged."""
 
-    def __init__(self, subs, root, verdicts_dir, jobs, sandboxed, budgets=None):
+    def __init__(self, subs, root, verdicts_dir, jobs, sandboxed, budgets=None, submitted=None):
         self.subs, self.root, self.verdicts_dir, self.sandboxed = subs, root, verdicts_dir, sandboxed
+        self.submitted = submitted  # the copy of submitted/ that nbgrader reads (take_submissions)
         self.budgets = budgets or {}  # assignment -> (seconds, why)
         self.rejudged = {}  # (student, assignment) -> what went wrong first, who was judged alongside
         self.judging = {}  # thread name -> (student, assignment) being judged now
@@ -209,7 +259,8 @@ class ClassRun:
         self._progress("")
         for thread in self.threads:
             thread.start()
-        book = Recorder(self.root, gradebook_url(self.root), self.verdicts_dir, self.sandboxed)
+        book = Recorder(self.root, gradebook_url(self.root), self.verdicts_dir, self.sandboxed,
+                        submitted=self.submitted)
         for _ in range(len(self.left)):
             assignment = self._next_judged()
             if assignment is None:
@@ -287,9 +338,12 @@ class ClassRun:
 
         with self.lock:
             excluded = sorted(s for (s, a), r in self.results.items() if a == assignment and r.get("error"))
-        # students not asked for (--student) keep what the gradebook has
+        # students not asked for (--student) keep what the gradebook has: they are not in the copy
+        # nbgrader reads (take_submissions), and are named here as well where it reads submitted/ itself
         judged = {s for s, a, _ in self.subs if a == assignment}
-        excluded += sorted({s for s, a, _ in submissions(self.root) if a == assignment} - judged)
+        if self.submitted is None:
+            here = self.root / "autograder" / "submitted"
+            excluded += sorted({p.parent.name for p in here.glob(f"*/{assignment}")} - judged)
         for step in (book.generate, book.autograde, book.feedback):
             try:
                 step(assignment) if step == book.generate else step(assignment, exclude=excluded)
@@ -320,8 +374,10 @@ def main(argv=None):
     )
     args = parser.parse_args(argv)
     root = course_root()
-    subs = [s for s in submissions(root) if not args.student or s[0] in args.student]
-    if not subs:
+    work = root / "autograder" / ".judged"  # this run's: the copy of submitted/, the verdicts
+    shutil.rmtree(work, ignore_errors=True)
+    subs, refused = take_submissions(root, work / "submitted", args.student)
+    if not subs and not refused:
         print(
             f"no submissions in {root / 'autograder' / 'submitted'} "
             "(expected submitted/<student>/<assignment>/<notebook>.ipynb)"
@@ -337,16 +393,23 @@ def main(argv=None):
         except SandboxUnavailable as exc:
             print(f"grading refused: {exc}", file=sys.stderr)
             return 2
-    verdicts_dir = root / "autograder" / ".judged"
-    shutil.rmtree(verdicts_dir, ignore_errors=True)
+    verdicts_dir = work / "verdicts"
     assignments = sorted({a for _, a, _ in subs})
     times = solution_times(root, assignments, args.jobs, not args.no_sandbox)
     budgets = {a: budget_for(times.get(a)) for a in assignments if a in times}
     print(f"grading {len(subs)} submission(s), {args.jobs} at a time; time budget per submission: "
           + ", ".join(f"{a} {b[0]:.0f} s" for a, b in sorted(budgets.items())))
-    run = ClassRun(subs, root, verdicts_dir, args.jobs, not args.no_sandbox, budgets)
-    results, problems = run.run()
+    run = ClassRun(subs, root, verdicts_dir, args.jobs, not args.no_sandbox, budgets,
+                   submitted=(work / "submitted").relative_to(root))
+    results, problems = run.run() if subs else ({}, [])
     failed = {key: r["error"] for key, r in results.items() if r.get("error")}
+    graded = {(s, a) for s, a, _ in subs}
+    refusals = []  # files left out of submissions that were graded all the same
+    for (student, assignment), lines in sorted(refused.items(), key=str):
+        if (student, assignment) in graded:
+            refusals += lines
+        else:  # no notebook left to grade: not graded
+            failed[(student, assignment or "*")] = "nothing left to grade: " + "; ".join(lines)
     print(f"grades: {root / 'autograder' / 'grades.csv'}; feedback: {root / 'autograder' / 'feedback'}")
     for assignment in unknown:
         print(f"skipped {assignment}: no such assignment in solutions/")
@@ -360,13 +423,16 @@ def main(argv=None):
               + " was judged alongside; "
               + (f"judged again: {why['again']}" if why["again"] else "judged again cleanly (that grade is "
                  "recorded)"))
-    if failed or problems or run.rejudged:
-        print(f"\nnot graded ({len(failed)} of {len(subs)}):" if failed or problems else "")
+    if failed or problems or run.rejudged or refusals:
+        total = len(graded | set(failed))
+        print(f"\nnot graded ({len(failed)} of {total}):" if failed or problems or refusals else "")
         for (student, assignment), reason in sorted(failed.items()):
             first, *detail = reason.strip().splitlines() or ["(no reason given)"]
             print(f"  {student}/{assignment}: {first[:300]}")
             for line in detail[-6:]:  # the end of the grader's log says what went wrong
                 print(f"      {line[:300]}")
+        for line in refusals:  # files left out of a submission (the rest of it was graded)
+            print(f"  {line[:300]}")
         for problem in problems:
             print(f"  {problem}")
         return 1

@@ -76,20 +76,41 @@ def grade(notebooks, assignment=None, keep=None, sandboxed=True):
         require()
     results = [None] * len(notebooks)
     groups = {}
-    for i, nb in enumerate(notebooks):
-        try:
-            read_notebook(nb)
-            groups.setdefault(assignment or find_assignment(nb), []).append(i)
-        except GradingError as exc:
-            results[i] = {"notebook": str(nb), "assignment": assignment, "error": str(exc),
-                          "score": 0.0, "max_score": None, "cells": []}
-    for name, indices in groups.items():
-        graded = _grade_assignment(name, [notebooks[i] for i in indices], keep, sandboxed)
-        for i, result in zip(indices, graded, strict=True):
-            results[i] = result
+    taken = Path(tempfile.mkdtemp(prefix="dpcourse-taken-"))
+    try:
+        copies = []
+        for i, nb in enumerate(notebooks):
+            copies.append(taken / str(i) / Path(nb).name)
+            try:
+                take_notebook(nb, copies[i])
+                read_notebook(copies[i])
+                groups.setdefault(assignment or find_assignment(nb), []).append(i)
+            except GradingError as exc:
+                results[i] = {"notebook": str(nb), "assignment": assignment, "error": str(exc),
+                              "score": 0.0, "max_score": None, "cells": []}
+        for name, indices in groups.items():
+            graded = _grade_assignment(name, [copies[i] for i in indices], keep, sandboxed)
+            for i, result in zip(indices, graded, strict=True):
+                results[i] = dict(result, notebook=str(notebooks[i]))
+    finally:
+        shutil.rmtree(taken, ignore_errors=True)
     for result in results:
         result["sandboxed"] = sandboxed
     return results
+
+
+def take_notebook(path, copy):
+    """Copy the notebook `path` to `copy` if it is a regular file (dpgrader.safe_copy: opened without
+    following a link, no hard link); everything after reads the copy. GradingError otherwise."""
+    from dpgrader.safe_copy import copy_regular_file
+
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    refused = copy_regular_file(path, copy)
+    if refused == "no such file":
+        raise GradingError(f"{path}: no such file")
+    if refused:
+        raise GradingError(f"{path} is {refused}: only a regular file is graded (grade the notebook "
+                           f"itself, not a link to it)" if refused.startswith("a ") else f"{path}: {refused}")
 
 
 def _grade_assignment(assignment, notebooks, keep, sandboxed=True):
@@ -106,7 +127,7 @@ def _grade_assignment(assignment, notebooks, keep, sandboxed=True):
         for student, nb in zip(students, notebooks, strict=True):
             target = root / "autograder" / "submitted" / student / assignment
             target.mkdir(parents=True, exist_ok=True)
-            paths.append(shutil.copy(nb, target / _source_name(assignment, nb)))
+            paths.append(shutil.copy(nb, target / _source_name(assignment, nb)))  # take_notebook's copy
         with concurrent.futures.ThreadPoolExecutor(1) as worker:  # nbgrader loads while the judge works
             judged = worker.submit(_judged, SOLUTIONS / assignment / name, paths, sandboxed)
             book = Recorder(root, f"sqlite:///{root / 'gradebook.db'}", root / "autograder" / "verdicts",

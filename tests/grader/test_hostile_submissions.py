@@ -483,3 +483,56 @@ def test_hidden_full_copies_lose_the_memory_cells_of_notebook_10(tmp_path):
         assert verdicts[str(solution)][grade_id]["passed"], verdicts[str(solution)][grade_id]
         lost = verdicts[str(cheat)][grade_id]
         assert not lost["passed"] and "MiB more than" in lost["evalue"], lost
+
+
+# ---------------------------------------------------------------------------------------------------
+# Round three (the grader-trust issue, third review): the grader takes a student's files as regular
+# files only; memory hidden in shared mappings and tmpfs counts; ranks do not see each other's
+# processes; only signals from outside the learner's code say a submission was starved.
+
+def test_links_fifos_and_hard_links_in_submitted_are_refused_and_listed(tmp_path, no_orphans):
+    """`make autograde` reads submitted/ through dpgrader.safe_copy: bob's notebook is a link to the
+    instructor's solution, carol's a hard link to a file that is not hers, dave's folder holds a link and
+    a FIFO beside his real notebook and data. bob and carol are not graded and are listed with why; dave
+    is graded, his refused files listed and his real file kept; no solution text reaches anything a
+    student is shown; the FIFO does not block the run."""
+    root = tmp_path / "course"
+    shutil.copytree(REPO / "solutions" / "00_orientation", root / "solutions" / "00_orientation")
+    shutil.copytree(REPO / "course" / "00_orientation", root / "course" / "00_orientation")
+    submitted = root / "autograder" / "submitted"
+    solution = root / "solutions" / "00_orientation" / "00_orientation.ipynb"
+    released = root / "course" / "00_orientation" / "00_orientation.ipynb"
+    for student in ("alice", "bob", "carol", "dave"):
+        (submitted / student / "00_orientation").mkdir(parents=True)
+    shutil.copy(solution, submitted / "alice" / "00_orientation")
+    (submitted / "bob" / "00_orientation" / "00_orientation.ipynb").symlink_to(solution)
+    not_hers = tmp_path / "not_hers.ipynb"
+    shutil.copy(solution, not_hers)
+    os.link(not_hers, submitted / "carol" / "00_orientation" / "00_orientation.ipynb")
+    dave = submitted / "dave" / "00_orientation"
+    shutil.copy(released, dave)
+    (dave / "notes.txt").write_text("dave's notes")
+    (dave / "answers.txt").symlink_to(solution)
+    os.mkfifo(dave / "pipe")
+    env = dict(os.environ, DPCOURSE_COURSE_ROOT=str(root), DPCOURSE_DEADLINE="20",
+               DPCOURSE_DB_URL=f"sqlite:///{root / 'gradebook.db'}")
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, str(REPO / "autograder" / "autograde.py"), "--jobs", "2"], env=env,
+                          capture_output=True, text=True, timeout=900)
+    report = proc.stdout + proc.stderr
+    assert proc.returncode == 1, report[-3000:]
+    assert time.monotonic() - start < 600
+    assert "bob/00_orientation: nothing left to grade" in report and "a symbolic link" in report, report[-3000:]
+    assert "carol/00_orientation: nothing left to grade" in report and "a hard link" in report, report[-3000:]
+    assert "dave/00_orientation/answers.txt: refused (a symbolic link" in report, report[-3000:]
+    assert "dave/00_orientation/pipe: refused (a FIFO" in report, report[-3000:]
+    with open(root / "autograder" / "grades.csv") as f:
+        scores = {row["student_id"]: float(row["raw_score"]) for row in csv.DictReader(f)}
+    assert scores == {"alice": 6.0, "dave": 0.0}, scores
+    graded = root / "autograder" / "autograded"
+    assert (graded / "dave" / "00_orientation" / "notes.txt").read_text() == "dave's notes"
+    shown = [p for s in ("bob", "carol", "dave") for folder in ("autograded", "feedback")
+             for p in (root / "autograder" / folder / s).rglob("*") if p.is_file()]
+    assert shown, "dave's feedback was not written"
+    for path in shown:
+        assert not path.is_symlink() and "BEGIN SOLUTION" not in path.read_text(errors="replace"), path

@@ -30,7 +30,9 @@ sys.modules.setdefault("rfc3987_syntax", None)
 class Recorder:
     """nbgrader's API on one course root and gradebook; each step returns its log (errors listed)."""
 
-    def __init__(self, root, db_url, verdicts_dir, sandboxed=True):
+    def __init__(self, root, db_url, verdicts_dir, sandboxed=True, submitted=None):
+        """`submitted`: the folder (relative to `root`) nbgrader takes submissions from, instead of
+        autograder/submitted: autograde.py's copy of it, made of regular files only (dpgrader.safe_copy)."""
         # the configuration file reads these when it is loaded (as it does under `python -m nbgrader`);
         # without a db_url it uses its own default (autograder/gradebook.db of the course root)
         os.environ.update(DPCOURSE_COURSE_ROOT=str(root), DPCOURSE_VERDICTS_DIR=str(verdicts_dir),
@@ -47,6 +49,8 @@ class Recorder:
         # nbgrader's own session handling warns on every autograde (api.py, "not in session"): noise
         warnings.filterwarnings("ignore", category=SAWarning, module=r"nbgrader\.")
         config = PyFileConfigLoader("nbgrader_config.py", path=str(AUTOGRADER)).load_config()
+        if submitted is not None:
+            config.CourseDirectory.submitted_directory = str(submitted)
         self.config = config
         self.api = NbGraderAPI(coursedir=CourseDirectory(config=config), config=config)
 

@@ -45,6 +45,9 @@ class JudgedExecute(Execute):
         names = resources["nbgrader"]
         source = Path(self.source_root) / names["assignment"] / f"{names['notebook']}.ipynb"
         given = verdicts_path(self.verdicts_dir, names["student"], names["assignment"], names["notebook"])
+        folder = resources.get("metadata", {}).get("path")
+        if not self.verdicts_dir and folder:  # nbgrader read submitted/ itself (the formgrader's button)
+            _refuse_links(Path(folder) / f"{names['notebook']}.ipynb")
         with (contextlib.nullcontext(Verdicts(given)) if self.verdicts_dir
               else Judge(source, nb, self.sandbox, self.judge_timeout)) as judge:
             try:
@@ -75,6 +78,18 @@ class JudgedExecute(Execute):
                 outs.append(new_output("stream", name="stdout", text=note))
             return None
         return super().output(outs, msg, display_id, cell_index)
+
+
+def _refuse_links(path):
+    """Refuse a submitted notebook that is a link (to solutions/, to a classmate's): autograde.py takes
+    submissions through dpgrader.safe_copy, but nbgrader run by hand reads submitted/ as it is."""
+    import os
+    import stat
+
+    info = os.lstat(path)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+        raise RuntimeError(f"{path} is not a regular file of its own (a symbolic or hard link): refused, "
+                           f"only regular files are graded")
 
 
 def outputs_of(verdict):
