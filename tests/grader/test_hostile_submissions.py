@@ -522,7 +522,8 @@ def test_links_fifos_and_hard_links_in_submitted_are_refused_and_listed(tmp_path
     report = proc.stdout + proc.stderr
     assert proc.returncode == 1, report[-3000:]
     assert time.monotonic() - start < 600
-    assert "bob/00_orientation: nothing left to grade" in report and "a symbolic link" in report, report[-3000:]
+    assert "bob/00_orientation: nothing left to grade" in report, report[-3000:]
+    assert "a symbolic link" in report, report[-3000:]
     assert "carol/00_orientation: nothing left to grade" in report and "a hard link" in report, report[-3000:]
     assert "dave/00_orientation/answers.txt: refused (a symbolic link" in report, report[-3000:]
     assert "dave/00_orientation/pipe: refused (a FIFO" in report, report[-3000:]
@@ -536,3 +537,170 @@ def test_links_fifos_and_hard_links_in_submitted_are_refused_and_listed(tmp_path
     assert shown, "dave's feedback was not written"
     for path in shown:
         assert not path.is_symlink() and "BEGIN SOLUTION" not in path.read_text(errors="replace"), path
+
+
+HIDE_IN_A_FILE = '''
+import mmap, os, tempfile, torch
+def _hidden_copy(tensors, folder):
+    """A copy of `tensors` in a shared mapping of an unlinked file of `folder` (the rank's tmpfs):
+    RssShmem, not RssAnon."""
+    total = sum(t.numel() * t.element_size() for t in tensors)
+    fd, path = tempfile.mkstemp(dir=folder)
+    os.unlink(path)
+    os.ftruncate(fd, total)
+    kept = mmap.mmap(fd, total)
+    os.close(fd)
+    flat, views, offset = torch.frombuffer(kept, dtype=torch.uint8), [], 0
+    for t in tensors:
+        n = t.numel() * t.element_size()
+        views.append(flat[offset:offset + n].view(t.dtype).view(t.shape))
+        views[-1].copy_(t)
+        offset += n
+    return kept, views
+'''
+SHM_ZERO1 = HIDE_IN_A_FILE + '''
+_ShardedBase = ShardedOptimizer
+class ShardedOptimizer(_ShardedBase):
+    def __init__(self, params, optimizer_cls, **kwargs):
+        params = list(params)
+        super().__init__(params, optimizer_cls, **kwargs)
+        self._all = params
+        self._map, self._kept = _hidden_copy([p.detach() for p in params], "/dev/shm")
+    def step(self, *args, **kwargs):
+        result = super().step(*args, **kwargs)
+        for kept, p in zip(self._kept, self._all):   # the full copy, used every step
+            kept.copy_(p.detach())
+        return result
+'''
+TMP_FSDP = HIDE_IN_A_FILE + '''
+_FSDPBase = MiniFSDP
+class MiniFSDP(_FSDPBase):
+    def __init__(self, module, group=None):
+        replica = [p.detach() for p in module.parameters()]
+        super().__init__(module, group)
+        self._map, self.replica = _hidden_copy(replica, "/tmp")   # a full replica in /tmp's tmpfs
+'''
+SHM_1F1B = HIDE_IN_A_FILE + '''
+_run_schedule = run_schedule
+def run_schedule(stage, batch, targets, loss_fn, schedule):
+    """The solution's schedule, keeping a copy of every micro-batch's output in /dev/shm."""
+    kept = []
+    hook = stage.module.register_forward_hook(lambda m, i, out: kept.append(_hidden_copy([out.detach()],
+                                                                                          "/dev/shm")))
+    try:
+        return _run_schedule(stage, batch, targets, loss_fn, schedule)
+    finally:
+        hook.remove()
+'''
+MEMFD_ZERO1 = '''
+import os
+_ShardedBase = ShardedOptimizer
+class ShardedOptimizer(_ShardedBase):
+    """A full copy written to a memfd it never maps (neither RssAnon nor RssShmem), refreshed every step."""
+    def __init__(self, params, optimizer_cls, **kwargs):
+        params = list(params)
+        super().__init__(params, optimizer_cls, **kwargs)
+        self._all, self._fd = params, os.memfd_create("kept")
+        self._save()
+    def _save(self):
+        offset = 0
+        for p in self._all:
+            data = p.detach().numpy().tobytes()
+            os.pwrite(self._fd, data, offset)
+            offset += len(data)
+    def step(self, *args, **kwargs):
+        result = super().step(*args, **kwargs)
+        self._save()
+        return result
+'''
+HELPER_ZERO1 = '''
+import os
+def _keeper(read_end, total):
+    """A process of the rank's that holds the copy it is sent."""
+    kept = bytearray(total)
+    view, offset, pipe = memoryview(kept), 0, os.fdopen(read_end, "rb", buffering=0)
+    while True:
+        n = pipe.readinto(view[offset:])
+        if not n:
+            os._exit(0)
+        offset = (offset + n) % total
+_ShardedBase = ShardedOptimizer
+class ShardedOptimizer(_ShardedBase):
+    """A full copy held by a helper process it forks, refreshed every step."""
+    def __init__(self, params, optimizer_cls, **kwargs):
+        params = list(params)
+        super().__init__(params, optimizer_cls, **kwargs)
+        self._all = params
+        read_end, self._pipe = os.pipe()
+        if os.fork() == 0:
+            os.close(self._pipe)
+            _keeper(read_end, sum(p.numel() * 8 for p in params))
+        os.close(read_end)
+        self._send()
+    def _send(self):
+        for p in self._all:
+            view = memoryview(p.detach().numpy().tobytes())
+            while view:
+                view = view[os.write(self._pipe, view):]
+    def step(self, *args, **kwargs):
+        result = super().step(*args, **kwargs)
+        self._send()
+        return result
+'''
+# name: (assignment, the solution cell the attack's cells follow, cells, the cells it must lose, root only)
+# Root only: without cgroups the zygote sees the rank process's RssAnon + RssShmem and its tmpfs, not a
+# memfd it does not map nor another process's memory (README, "What the sandbox does not hide").
+MEMORY_ATTACKS = {
+    "zero1_copy_in_dev_shm": ("10_zero_and_fsdp", "mini_fsdp", [SHM_ZERO1], ["test_sharded_optimizer_uneven"],
+                              False),
+    "fsdp_replica_in_tmp": ("10_zero_and_fsdp", "mini_fsdp", [TMP_FSDP],
+                            ["test_mini_fsdp_memory_and_traffic"], False),
+    "1f1b_outputs_in_dev_shm": ("07_pipeline_parallelism", "run_schedule", [SHM_1F1B],
+                                ["test_run_schedule_memory"], False),
+    "zero1_copy_in_a_memfd": ("10_zero_and_fsdp", "mini_fsdp", [MEMFD_ZERO1],
+                              ["test_sharded_optimizer_uneven"], True),
+    "zero1_copy_in_a_helper_process": ("10_zero_and_fsdp", "mini_fsdp", [HELPER_ZERO1],
+                                       ["test_sharded_optimizer_uneven"], True),
+}
+MEMORY_CELLS = {"10_zero_and_fsdp": ["test_sharded_optimizer_uneven", "test_mini_fsdp_memory_and_traffic"],
+                "07_pipeline_parallelism": ["test_run_schedule_memory"]}
+
+
+def _attack_notebook(folder, name, assignment, after, cells):
+    solution = next((REPO / "solutions" / assignment).glob("*.ipynb"))
+    nb = nbformat.read(solution, as_version=4)
+    ids = [c.metadata.get("nbgrader", {}).get("grade_id") for c in nb.cells]
+    for offset, source in enumerate(cells):
+        nb.cells.insert(ids.index(after) + 1 + offset, nbformat.v4.new_code_cell(source))
+    path = folder / name / solution.name
+    path.parent.mkdir(parents=True)
+    nbformat.write(nb, path)
+    return path
+
+
+@pytest.mark.parametrize("assignment", sorted(MEMORY_CELLS))
+def test_memory_hidden_in_shared_mappings_tmpfs_memfds_and_helpers_loses_the_memory_cells(
+        assignment, tmp_path, no_orphans):
+    """A full copy kept where RssAnon does not look -- a shared mapping of an unlinked file in the rank's
+    /dev/shm or /tmp, a memfd never mapped, a helper process the rank forked -- is held all the same: the
+    memory cells are lost with how many MiB more the rank held (the last two as root, where each measured
+    rank has a memory cgroup of its own), every other cell keeps its points, the solution keeps its own."""
+    attacks = {name: spec for name, spec in MEMORY_ATTACKS.items()
+               if spec[0] == assignment and (os.geteuid() == 0 or not spec[4])}
+    paths = {name: _attack_notebook(tmp_path, name, assignment, after, cells)
+             for name, (_, after, cells, _, _) in attacks.items()}
+    solution = next((REPO / "solutions" / assignment).glob("*.ipynb"))
+    start = time.monotonic()
+    verdicts = judge(assignment, [*paths.values(), solution], MEMORY_CELLS[assignment])
+    assert time.monotonic() - start < 600
+    for grade_id in MEMORY_CELLS[assignment]:
+        assert verdicts[str(solution)][grade_id]["passed"], verdicts[str(solution)][grade_id]
+    for name, path in paths.items():
+        loses = attacks[name][3]
+        for grade_id, verdict in verdicts[str(path)].items():
+            if grade_id.startswith("_"):
+                continue
+            if grade_id in loses:
+                assert not verdict["passed"] and "MiB more than" in verdict["evalue"], (name, verdict)
+            else:
+                assert verdict["passed"], (name, grade_id, verdict)

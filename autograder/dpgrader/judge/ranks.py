@@ -211,6 +211,7 @@ class RankPool:
         self.last_memory = None  # per rank, what its zygote measured (launches with measure_memory)
         self.deferred = []  # checks to run once the test cell's own checks passed (launcher.check_after_cell)
         self.submission, self.uid_base = None, None  # as root: this submission's zygote and user ids
+        self.rank_memory, self.oom_kills = [], 0  # measured ranks' memory cgroups; OOM kills seen in them
         count = 1 if self.shared else prestart
         self.zygotes = zygotes.take_early(sandboxed, scratch) or [
             Zygote(sandboxed, self.shared, scratch) for _ in range(count)]  # warming up
@@ -340,7 +341,7 @@ class RankPool:
         self.ensure(world_size)
         shared = self._shared_folders(args, kwargs, options)
         forkers = [self.zygote_of(rank) for rank in range(world_size)]
-        router_ends, ranks, router = [], [], None
+        router_ends, ranks, router, self.rank_memory = [], [], None, []
         try:
             for rank in range(world_size):
                 # each rank is sent its own inputs only (per_rank), never its peers'
@@ -361,28 +362,48 @@ class RankPool:
                 self.last_traffic = [router.ops_of(r) for r in range(world_size)]
                 self.last_flow = router.flow
             self.last_memory = [f.memory.pop(r.pid, None) for f, r in zip(forkers, ranks, strict=False)]
+            for memory in self.rank_memory:  # the ranks' own memory cgroups (measured launches, as root)
+                self.oom_kills += memory.oom_kills()
+                memory.remove()
             self.launches += 1
 
     def _start(self, rank, world_size, group_timeout, payload, router_ends, shared, probe=False):
         ours, theirs = socket.socketpair()
         router_ends.append(ours)
         pipes = [os.pipe() for _ in range(3)]
+        cgroup_fds = self._rank_memory(rank) if probe else []
         try:
             spec = {"rank": rank, "world_size": world_size, "group_timeout": group_timeout,
                     "isolate": self.shared, "scratch": str(self.scratch) if self.scratch else None,
                     "shared": shared, "uid": self.uid(rank), "probe": probe}
-            pid = self.zygote_of(rank).run(spec, [theirs.fileno(), *(w for _, w in pipes)], payload)
+            pid = self.zygote_of(rank).run(spec, [theirs.fileno(), *(w for _, w in pipes), *cgroup_fds],
+                                           payload)
         except BaseException:
             for read_end, _ in pipes:
                 os.close(read_end)
             raise
         finally:
             theirs.close()
-            for _, w in pipes:
-                os.close(w)
+            for fd in [*(w for _, w in pipes), *cgroup_fds]:
+                os.close(fd)
         return launcher.Rank(rank, pid, pipes[0][0], pipes[1][0], pipes[2][0],
                              control=RemoteRank(self.zygote_of(rank), pid), output_limit=OUTPUT_LIMIT,
                              report_limit=REPORT_LIMIT)
+
+    def _rank_memory(self, rank):
+        """As root: the fds of a memory cgroup of rank `rank`'s own, inside its submission's, that the
+        rank enters when forked; what its zygote measures is what is charged there (see
+        dpcourse.grading.zygote.Probe). [] elsewhere: the zygote then reads /proc and the rank's tmpfs."""
+        if not self.shared or self.submission is None:
+            return []
+        memory = self.submission.cgroup.memory_child(f"rank{rank}-{self.launches}")
+        if memory is None:
+            return []
+        self.rank_memory.append(memory)
+        try:
+            return list(memory.fds())
+        except OSError:
+            return []
 
     def _shared_folders(self, args, kwargs, options):
         """The folders of the scratch folder this launch hands its ranks (a test's checkpoint folder):

@@ -192,6 +192,8 @@ def remove_stale_cgroups():
     for controller in ("pids", "memory"):
         for path in (CGROUP_ROOT / controller).glob("dpcourse-*"):
             try:
+                for child in path.glob("rank*"):  # a measured rank's memory cgroup (RankMemory)
+                    child.rmdir()
                 path.rmdir()
             except OSError:
                 pass
@@ -308,16 +310,75 @@ class Cgroup:
                     return None
         return None
 
+    def memory_child(self, name):
+        """A memory cgroup inside this one (RankMemory), or None where this one has no memory controller."""
+        memory = next((p for p in self.paths if p.parent.name == "memory"), None)
+        if memory is None:
+            return None
+        try:
+            return RankMemory(memory / name)
+        except OSError:
+            return None
+
     def remove(self):
         for path in self.paths:
-            for _ in range(100):  # a killed process leaves its cgroup a moment after it dies
-                try:
-                    path.rmdir()
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError:
-                    time.sleep(0.01)
+            for child in [c for c in path.iterdir() if c.is_dir()] if path.is_dir() else []:
+                _rmdir(child)  # a rank's memory cgroup the launch did not remove (it was killed)
+            _rmdir(path)
+
+
+def _rmdir(path):
+    for _ in range(100):  # a killed process leaves its cgroup a moment after it dies
+        try:
+            path.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.01)
+
+
+class RankMemory:
+    """One rank's own memory cgroup, inside its submission's (which still limits it): everything the rank
+    and the processes it starts hold is charged here (anonymous memory, shared mappings, its tmpfs files,
+    memfds, pipe buffers, kernel memory), which its zygote reads at the moments the run names (what
+    of it counts: dpcourse.grading.zygote.Probe). The rank enters it itself, first thing after it is
+    forked, through `fds()`'s cgroup.procs (opened here, as root: cgroup v1 checks the opener's
+    credentials)."""
+
+    def __init__(self, path):
+        self.path = path
+        path.mkdir()
+
+    FILES = (("cgroup.procs", os.O_WRONLY), ("memory.stat", os.O_RDONLY), ("memory.kmem.usage_in_bytes",
+                                                                            os.O_RDONLY))
+
+    def fds(self):
+        """The files its zygote needs, opened here (cgroup.procs to enter it; memory.stat and its kernel
+        memory to measure it: dpcourse.grading.zygote.Probe), in that order; close them after."""
+        opened = []
+        try:
+            for name, mode in self.FILES:
+                opened.append(os.open(self.path / name, mode | os.O_CLOEXEC))
+        except OSError:
+            for fd in opened:
+                os.close(fd)
+            raise
+        return opened
+
+    def oom_kills(self):
+        """How many of its processes the kernel's OOM killer killed (memory.oom_control: oom_kill)."""
+        try:
+            for line in (self.path / "memory.oom_control").read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+        except (OSError, ValueError):
+            pass
+        return 0
+
+    def remove(self):
+        _rmdir(self.path)
 
 
 def start(command, *, binds=(), network=False, keep_capabilities=False, pass_fds=(), **popen):

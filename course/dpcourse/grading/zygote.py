@@ -233,6 +233,10 @@ def _rank_main(spec, fds, payload, zygote_pid):
         os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
                           LOCAL_WORLD_SIZE=str(world), DPCOURSE_GRADED_RANK="1")
         program, function = cloudpickle.loads(payload)
+        if spec.get("cgroup_failed"):
+            raise RuntimeError(f"the grader could not measure this rank's memory: it {spec['cgroup_failed']}")
+        if spec.get("probe_fd") is not None:
+            inside_rank.memory_start(spec.get("tmpfs", False))  # before any learner code: the rank's start
         _namespace = run_program(program)
         if spec.get("serve"):
             _serve_calls(socket.socket(fileno=router_fd))
@@ -344,7 +348,7 @@ def serve(control, sandboxed):
             if isinstance(key.data, Probe):
                 key.data.answer(selector)
                 continue
-            packet, fds, _, _ = socket.recv_fds(control, PACKET, 8)
+            packet, fds, _, _ = socket.recv_fds(control, PACKET, 10)
             if not packet:
                 return
             message = json.loads(packet)
@@ -352,22 +356,31 @@ def serve(control, sandboxed):
                 payload = bytearray()
                 while len(payload) < message["size"]:
                     payload += control.recv(PACKET)
-                probe = Probe() if message.get("probe") else None
+                fds, cgroup_fds = fds[:4], fds[4:]  # the rank's own memory cgroup (as root): see Probe
+                probe = Probe(*cgroup_fds, uid=message.get("uid")) if message.get("probe") else None
+                if probe is None:
+                    for fd in cgroup_fds:
+                        os.close(fd)
                 pid = os.fork()
                 if pid == 0:
+                    if probe is not None:
+                        message["cgroup_failed"] = probe.enter_cgroup()  # before anything is charged here
                     control.close()
                     signal.set_wakeup_fd(-1)
                     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                     os.close(wake_r)
                     os.close(wake_w)
-                    for other in probes.values():
-                        other.ours.close()
+                    for other in probes.values():  # nothing of another rank's probe stays open here
+                        other.close_in_child()
                     if probe is not None:
                         probe.ours.close()
                         message["probe_fd"] = probe.theirs.detach()
+                        message["tmpfs"] = sandboxed  # its /tmp and /dev/shm: the sandbox's, not the host's
                     _rank_main(message, fds, bytes(payload), os.getppid())
                 for fd in fds:
                     os.close(fd)
+                if probe is not None:
+                    probe.forked()
                 children.add(pid)
                 if probe is not None:
                     probe.started(pid, selector)
@@ -410,54 +423,166 @@ def serve(control, sandboxed):
 
 
 def memory_now(pid="self"):
-    """(anonymous resident bytes, all resident bytes) of a process, from /proc/<pid>/status."""
+    """(anonymous, shared-memory, all) resident bytes of a process, from /proc/<pid>/status: RssAnon,
+    RssShmem (pages of tmpfs files, memfds and SysV segments it has mapped) and VmRSS."""
     found = {}
     with open(f"/proc/{pid}/status") as f:
         for line in f:
             key, _, value = line.partition(":")
-            if key in ("RssAnon", "VmRSS"):
+            if key in ("RssAnon", "RssShmem", "VmRSS"):
                 found[key] = int(value.split()[0]) * 1024
-    return found.get("RssAnon", 0), found.get("VmRSS", 0)
+    return found.get("RssAnon", 0), found.get("RssShmem", 0), found.get("VmRSS", 0)
+
+
+def tmpfs_used(fds):
+    """Bytes in use on the file systems of `fds` (a rank's /tmp and /dev/shm), each counted once."""
+    seen, used = set(), 0
+    for fd in fds:
+        try:
+            info = os.fstatvfs(fd)
+            device = os.fstat(fd).st_dev
+        except OSError:
+            continue
+        if device not in seen:
+            seen.add(device)
+            used += (info.f_blocks - info.f_bfree) * info.f_frsize
+    return used
+
+
+def _cgroup_numbers(fd):
+    """{name: int} of a cgroup file of "name value" lines (memory.stat), or one number (a usage)."""
+    text = os.pread(fd, 1 << 16, 0).decode()
+    pairs = [line.split() for line in text.splitlines() if line.strip()]
+    return {p[0]: int(p[1]) for p in pairs if len(p) == 2} if len(pairs) > 1 or len(pairs[0]) == 2 else \
+        {"": int(pairs[0][0])}
+
+
+def _processes_of(uid):
+    """The pids of this pid namespace's processes running as `uid` (a rank and what it started: as root
+    each rank has a user id of its own, which no process of it can change). Read from /proc each time:
+    a v1 cgroup's cgroup.procs, read again through one open file, can answer from a list a second old."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.stat(f"/proc/{entry}").st_uid == uid:
+                    found.append(int(entry))
+            except OSError:
+                continue
+    return found
 
 
 class Probe:
     """This zygote's end of a rank's memory probe (grader-only measurements of what a rank holds).
 
-    The rank names moments (dpcourse.runtime.inside_rank.memory_mark: "built", "after step 0");
-    at each, while the rank waits, the zygote reads the rank's resident memory from /proc and keeps
-    the number: the rank never sees it, so no learner code can change it. When the rank exits, its
-    exit report carries the marks, the zygote's own resident memory when it forked the rank (the
-    rank's start: what it shares with the zygote) and the rank's peak resident memory (the
-    kernel's count, from wait4).
+    The rank names moments (dpcourse.runtime.inside_rank.memory_mark: "before", "after step 0"); at
+    each, while the rank waits, the zygote measures what the rank holds and keeps the number: the rank
+    never sees it, so no learner code can change it. Its first message ("start", sent by the grader's
+    own code in the rank just before the learner's program runs) is the rank's start. What is held:
+
+    - as root, the rank is in a memory cgroup of its own (made by the grader for this rank, entered by
+      the forked rank before it does anything: `enter_cgroup`), and holds its own RssAnon (/proc), plus
+      the shared memory charged to its cgroup (memory.stat's shmem: files in its /tmp and /dev/shm,
+      mapped or not, memfds, SysV segments), plus the kernel memory charged there (pipe buffers, page
+      tables), plus the RssAnon of every other process of its user id (a process it started: all of its
+      resident memory counts, pages it shares with the rank included). RssAnon and not the cgroup's
+      anonymous charge: a forked rank's first write to each page it shares with its zygote copies the
+      page and charges it to the rank (measured: ~10 MiB while a notebook's program runs), which the rank
+      does not hold beyond what it started with;
+    - without a cgroup, the rank's RssAnon + RssShmem (its shared mappings) + what is in use on its /tmp
+      and /dev/shm (sent with its first message, when sandboxed): not what another process it started
+      holds, nor a memfd or SysV segment it does not map, nor pipe buffers (README, "What the sandbox
+      does not hide").
+
+    Each mark is [label, held, anon, shared, tmpfs, other (kernel memory and other processes)]; when the
+    rank exits, its exit report carries the marks, its start, how it was measured and the rank's peak
+    resident memory (the kernel's count, from wait4).
     """
 
     MARKS = 200  # marks kept per rank
     LABEL = 60  # characters of a mark's label
 
-    def __init__(self):
+    def __init__(self, procs_fd=None, stat_fd=None, kmem_fd=None, uid=None):
         self.ours, self.theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.start, self.marks, self.pid = memory_now(), [], None
+        self.procs_fd = procs_fd  # cgroup.procs, for the forked rank to enter its cgroup
+        self.cgroup = [fd for fd in (stat_fd, kmem_fd) if fd is not None]
+        self.uid = uid  # the rank's own user id (as root): the processes it starts have it too
+        self.start, self.marks, self.pid, self.tmpfs = None, [], None, []
+
+    @property
+    def how(self):
+        return "cgroup" if self.cgroup else ("rss+tmpfs" if self.tmpfs else "rss")
+
+    def enter_cgroup(self):
+        """In the forked rank, first of all: move into the rank's memory cgroup (None: done, or none to
+        enter; else why not, and the rank then refuses to run: its memory could not be measured)."""
+        if self.procs_fd is None:
+            return None
+        try:
+            os.write(self.procs_fd, b"0")  # 0: the writing process itself
+            return None
+        except OSError as exc:
+            return f"could not enter its memory cgroup ({exc.strerror})"
+        finally:
+            for fd in (self.procs_fd, *self.cgroup):
+                os.close(fd)
+
+    def close_in_child(self):
+        """In a rank forked after this probe's rank: close what the zygote holds of it (another rank's
+        cgroup or tmpfs would be a way to talk around the router)."""
+        for fd in [self.ours.detach(), *self.tmpfs, *self.cgroup]:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def forked(self):
+        if self.procs_fd is not None:
+            os.close(self.procs_fd)
+            self.procs_fd = None
 
     def started(self, pid, selector):
         self.pid = pid
         self.theirs.close()
         selector.register(self.ours, selectors.EVENT_READ, self)
 
+    def measure(self):
+        """[held, anon, shared, tmpfs, other] of the rank now (-1 each if it could not be read)."""
+        try:
+            anon, shmem, _ = memory_now(self.pid)
+            if not self.cgroup:
+                tmpfs = tmpfs_used(self.tmpfs)
+                return [anon + shmem + tmpfs, anon, shmem, tmpfs, 0]
+            stat_fd, kmem_fd = self.cgroup
+            shared = _cgroup_numbers(stat_fd)["shmem"]
+            other = _cgroup_numbers(kmem_fd)[""]
+            for pid in _processes_of(self.uid) if self.uid is not None else ():
+                if pid != self.pid:
+                    with contextlib.suppress(OSError):
+                        other += memory_now(pid)[0]
+            return [anon + shared + other, anon, shared, 0, other]
+        except (OSError, ValueError, KeyError, IndexError):
+            return [-1, -1, -1, -1, -1]
+
     def answer(self, selector):
         try:
-            label = self.ours.recv(256)
+            label, fds, _, _ = socket.recv_fds(self.ours, 256, 2)
         except OSError:
-            label = b""
+            label, fds = b"", []
         if not label:
             selector.unregister(self.ours)
             self.ours.close()
             return
-        try:
-            anon, rss = memory_now(self.pid)
-        except OSError:
-            anon = rss = -1
-        if len(self.marks) < self.MARKS:
-            self.marks.append([label.decode(errors="replace")[:self.LABEL], anon, rss])
+        if self.start is None:  # the grader's own first mark: the rank's start, and its tmpfs folders
+            if self.cgroup:
+                for fd in fds:
+                    os.close(fd)
+            else:
+                self.tmpfs = fds
+            self.start = self.measure()
+        else:
+            for fd in fds:
+                os.close(fd)
+            if len(self.marks) < self.MARKS:
+                self.marks.append([label.decode(errors="replace")[:self.LABEL], *self.measure()])
         with contextlib.suppress(OSError):
             self.ours.send(b"1")
 
@@ -465,7 +590,11 @@ class Probe:
         with contextlib.suppress(KeyError, ValueError):
             selector.unregister(self.ours)
         self.ours.close()
-        return {"start_anon": self.start[0], "start_rss": self.start[1], "marks": self.marks,
+        for fd in [*self.tmpfs, *self.cgroup]:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        start = self.start or [-1] * 5
+        return {"how": self.how, "start_held": start[0], "start": start, "marks": self.marks,
                 "peak_rss": usage.ru_maxrss * 1024}
 
 

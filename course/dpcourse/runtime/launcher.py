@@ -119,7 +119,7 @@ def check_after_cell(check):
 
 def observed_memory():
     """While graded with launch_options(measure_memory=True), per rank what its zygote measured of the
-    last launch: {"start_anon", "start_rss", "marks": [[label, anonymous bytes, resident bytes]],
+    last launch: {"how", "start_held", "marks": [[label, held, anonymous, shared, tmpfs bytes]],
     "peak_rss"} (dpcourse.grading.zygote.Probe), or None for a rank that was not measured; None when
     not graded."""
     return None if _runner is None else getattr(_runner, "last_memory", None)

@@ -7,8 +7,9 @@ each micro-batch's input and output, from inside the rank; a copy into new memor
 in a list, an activation kept as a numpy array) is not among them. Here two stages run a step of
 MICRO micro-batches on activations large enough to show in the process's memory (ACTIVATION: 1024 rows
 of 128 float64, 1 MiB), and the stage's module names a moment after each of its forwards
-(inside_rank.memory_mark); at each, the rank's zygote reads the rank's resident anonymous memory from
-/proc (dpcourse.grading.zygote.Probe). The rank never sees those numbers. What a rank held after a
+(inside_rank.memory_mark); at each, the rank's zygote measures what the rank holds (as root, everything
+charged to its own memory cgroup, shared mappings and its /tmp and /dev/shm included; see
+dpcourse.grading.zygote.Probe). The rank never sees those numbers. What a rank held after a
 forward, minus what it held before the step, is compared with what the schedule allows: the
 micro-batches in flight on that stage times what one of them keeps (KEPT), plus SLACK for buffers in
 passing (a gradient being received, a send not yet waited for).
@@ -107,7 +108,7 @@ def expect_schedule_memory(run_schedule, schedules, what, in_flight, hint):
     if measured is None:
         return
     for rank, memory in enumerate(measured):
-        marks = {label: anon for label, anon, _ in (memory or {}).get("marks", [])}
+        marks = {label: held for label, held, *_ in (memory or {}).get("marks", [])}
         after = [label for label in marks if label.startswith("after forward ")]
         if "before" not in marks or len(after) != MICRO:
             raise AssertionError(f"{what}: rank {rank}: the rank's memory could not be measured (its run "

@@ -9,7 +9,8 @@ optimizer, so a ShardedOptimizer that keeps a full copy in an attribute of its o
 that keeps a replica in a list, is not seen. Here each rank trains a model large enough for 1/N to
 show in the process's memory (MODEL: 1 million float64 parameters, 8 MB) and names a few
 moments (inside_rank.memory_mark: before the learner's class is built, after each step); at each,
-the rank's zygote reads the rank's resident anonymous memory from /proc (dpcourse.grading.zygote.
+the rank's zygote measures what the rank holds (as root, everything charged to the rank's own memory
+cgroup: plain memory, shared mappings, files in its /tmp and /dev/shm; see dpcourse.grading.zygote.
 Probe). The rank never sees those numbers. What a rank held after a step, minus what it held
 before the learner's class existed, is compared with what the stage needs (implementation_bytes:
 ZeRO-1 the shard, its gradient and two AdamW states; ZeRO-2 the gradient shard; ZeRO-3 the shards,
@@ -123,12 +124,12 @@ def _measured(run, stage, learner, what):
     count, parts = NEEDS[stage]
     allowed = count * shard + SLACK
     for rank, memory in enumerate(measured):
-        marks = {label: anon for label, anon, _ in (memory or {}).get("marks", [])}
+        marks = {label: held for label, held, *_ in (memory or {}).get("marks", [])}
         steps = [f"after step {s}" for s in range(STEPS)]
         if "before" not in marks or any(step not in marks for step in steps):
             raise AssertionError(f"rank {rank}: {what}: the rank's memory could not be measured (its run "
                                  f"ended early, or its marks were tampered with)")
-        before = marks["before"] - memory["start_anon"]
+        before = marks["before"] - memory["start_held"]
         models, what_before = BEFORE[stage]
         if before > models * numel * 8 + PROGRAM_SLACK:
             raise AssertionError(
