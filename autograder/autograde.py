@@ -23,9 +23,11 @@ class no more. The solution's judge time is measured once per change of the cour
 (cached under ~/.cache/dpcourse/judge-times/), before the class is judged.
 
 Neighbours: every submission is judged in a pid namespace, cgroup and user ids of its own, so one
-student's processes cannot reach another's. Should a submission still fail in a way that says the
-machine ran short ("can't start new thread", a judge killed from outside), it is judged again with
-a fresh judge, the submissions judged alongside it are named, and the run ends with exit status 1.
+student's processes cannot reach another's. Should the grader see, from outside the learner's code,
+that the machine ran short while a submission was within its own limits (the kernel refused to fork
+one of its ranks, the OOM killer killed one of its processes, its judge was killed from outside), it
+is judged again with a fresh judge, the submissions judged alongside it are named, and the run ends
+with exit status 1. What a cell's own error says ("can't start new thread") is never such a sign.
 
 The course root and gradebook come from nbgrader_config.py (DPCOURSE_COURSE_ROOT / DPCOURSE_DB_URL
 override them). Exit status: 0 when every submission was graded cleanly; 1 when some were not, or
@@ -49,11 +51,6 @@ from grade import GradingError, read_notebook  # noqa: E402
 
 PER_SUBMISSION_TIMEOUT = 900  # seconds the judge may spend on one submission, whatever its budget
 BUDGET_FACTOR, BUDGET_FLOOR = 3.0, 120.0  # a submission's budget: 3x the solution's judge time, >= 120 s
-# What a cell failing for want of machine resources says: a sign the submission may have been hurt by
-# something outside it (its own processes reaching its own cgroup's limits are told apart: the judge
-# reports those as _limits_reached).
-STARVED = ("can't start new thread", "Resource temporarily unavailable", "Cannot allocate memory",
-           "[Errno 11]", "[Errno 12]")
 
 
 def course_root():
@@ -136,23 +133,20 @@ def judge_one(worker, student, assignment, notebook, root, verdicts_dir, budget=
     seconds, why = budget or (None, "")
     verdicts = worker.judge(source_notebook(root, assignment), notebook, owner=student, budget=seconds,
                             budget_why=why, timeout=min(PER_SUBMISSION_TIMEOUT, (seconds or 1e9) + 120))
-    if "error" in verdicts:
-        killed = "exit status -9" in verdicts["error"] and "memory limit" not in verdicts["error"]
-        return {"error": verdicts["error"], "starved": ["its judge was killed from outside"] * killed}
+    if "error" in verdicts:  # "killed": the judge's exit status, seen by its worker (not a text)
+        return {"error": verdicts["error"], "starved": ["its judge was killed from outside"] * bool(
+            verdicts.get("killed"))}
     save_verdicts(verdicts_dir, student, assignment, notebook.stem, verdicts)
-    cells = [v for v in verdicts.values() if isinstance(v, dict)]
-    spent = any("used up its time budget" in str(v.get("evalue")) for v in cells)
+    spent = bool(verdicts.get("_budget_spent"))  # set by the judge, not read from a cell's text
     return {"starved": starved(verdicts), "budget_spent": spent}
 
 
 def starved(verdicts):
-    """'grade_id: sign' for each cell that failed for want of machine resources, unless the
-    submission's own processes reached its own limits (then the failure is its own)."""
-    if verdicts.get("_limits_reached"):
-        return []
-    return [f"{grade_id}: {sign}" for grade_id, v in verdicts.items()
-            if isinstance(v, dict) and not v.get("passed", True)
-            for sign in STARVED if sign in f"{v.get('ename')}: {v.get('evalue')}"][:5]
+    """The signs that the machine, not the submission, ran short while it was judged: only what the
+    grader saw outside the learner's code (dpgrader.judge.ranks: a fork of a rank that the kernel refused
+    while the submission's cgroup was within its limits, the OOM killer at work while it was within its
+    memory limit), never a cell's text (a learner may raise "can't start new thread" themselves)."""
+    return [str(sign)[:300] for sign in verdicts.get("_starved", [])][:5]
 
 
 def budget_for(seconds):

@@ -98,7 +98,8 @@ def test_make_autograde_works_from_a_clean_environment(no_orphans):
 
 
 class FakeWorker:
-    """A judge worker whose first judging of bob failed for want of threads (as if a neighbour held them)."""
+    """A judge worker whose first judging of bob saw the machine run short (a sign from outside the learner's
+    code: the judge's "_starved"), and whose carol raised "can't start new thread" herself."""
 
     calls = []
 
@@ -108,10 +109,18 @@ class FakeWorker:
     def judge(self, source, submission, **_):
         FakeWorker.calls.append(Path(submission).parent.parent.name)
         cell = {"passed": True, "ename": None, "evalue": None, "output": "", "seconds": 0.1}
+        verdicts = {"test_my_slice_basic": cell}
         if FakeWorker.calls.count("bob") == 1 and "bob" in str(submission):
-            cell = dict(cell, passed=False, ename="LaunchError",
-                        evalue="rank 0 of 4 raised RuntimeError: can't start new thread")
-        return {"test_my_slice_basic": cell}
+            verdicts["test_my_slice_basic"] = dict(cell, passed=False, ename="RuntimeError",
+                                                   evalue="rank 0 could not be started (the kernel refused "
+                                                          "to fork it: Resource temporarily unavailable)")
+            verdicts["_starved"] = ["rank 0 could not be started (the kernel refused to fork it: Resource "
+                                    "temporarily unavailable) while the notebook was within its own limits"]
+        if "carol" in str(submission):  # her own text: not a sign of anything but her own failure
+            verdicts["test_my_slice_basic"] = dict(cell, passed=False, ename="LaunchError",
+                                                   evalue="rank 0 of 4 raised RuntimeError: can't start new "
+                                                          "thread")
+        return verdicts
 
     def restart(self):
         self.restarts += 1
@@ -123,10 +132,11 @@ class FakeWorker:
         pass
 
 
-def test_a_submission_that_ran_short_of_resources_is_judged_again_and_named(tmp_path, monkeypatch):
-    """A cell failing on "can't start new thread" (with the submission's own limits not reached) is not
-    recorded as is: that submission is judged again by a fresh judge, and the run lists it with the
-    submissions judged alongside (main() then exits 1)."""
+def test_only_signs_from_outside_the_learners_code_get_a_submission_judged_again(tmp_path, monkeypatch):
+    """bob's first judging saw the machine run short (the judge's "_starved": a fork of one of his ranks
+    refused while he was within his limits): bob is judged again by a fresh judge, and the run lists him
+    with the submissions judged alongside (main() then exits 1). carol's cell failed with "can't start new
+    thread" in its own text: that is her failure, judged once, nobody named."""
     sys.path.insert(0, str(REPO / "autograder"))
     import autograde  # noqa: I001 - found through the path just added
     from dpgrader.judge import process
@@ -134,17 +144,50 @@ def test_a_submission_that_ran_short_of_resources_is_judged_again_and_named(tmp_
     monkeypatch.setattr(process, "JudgeWorker", FakeWorker)
     FakeWorker.calls = []
     subs = []
-    for student in ("alice", "bob"):
+    for student in ("alice", "bob", "carol"):
         folder = tmp_path / "submitted" / student / "00_orientation"
         folder.mkdir(parents=True)
         subs.append((student, "00_orientation", Path(shutil.copy(solution_path("00_orientation"), folder))))
     run = autograde.ClassRun(subs, REPO, tmp_path / "verdicts", 1, True)
     run._work()
-    assert FakeWorker.calls == ["alice", "bob", "bob"], FakeWorker.calls
+    assert FakeWorker.calls == ["alice", "bob", "bob", "carol"], FakeWorker.calls
     assert list(run.rejudged) == [("bob", "00_orientation")], run.rejudged
-    assert "can't start new thread" in run.rejudged[("bob", "00_orientation")]["first"][0]
+    assert "within its own limits" in run.rejudged[("bob", "00_orientation")]["first"][0]
     assert not run.results[("bob", "00_orientation")].get("error")
-    failed = {"passed": False, "ename": "RuntimeError", "evalue": "can't start new thread"}
-    own_limits = {"test_my_slice_basic": failed, "_limits_reached": {"processes": 3}}
-    assert autograde.starved(own_limits) == []  # its own processes hit its own cgroup's limit: its failure
+    assert not run.results[("carol", "00_orientation")].get("error")
+    own_text = {"test_my_slice_basic": {"passed": False, "ename": "RuntimeError",
+                                        "evalue": "can't start new thread"}}
+    assert autograde.starved(own_text) == []  # what a cell says is never a sign
+    assert autograde.starved(dict(own_text, _limits_reached={"processes": 3})) == []
     assert autograde.budget_for(10.0)[0] == 120.0 and autograde.budget_for(100.0)[0] == 300.0
+
+
+class FakeCgroup:
+    enforced = {"pids", "memory"}
+
+    def __init__(self, reached):
+        self.reached = reached
+
+    def limits_reached(self):
+        return self.reached
+
+
+def test_a_refused_fork_is_the_notebooks_own_failure_when_its_limits_were_reached():
+    """What the judge makes of the kernel refusing to fork a rank (the zygote reports it, ForkRefused):
+    the notebook's own failure where its cgroup reached its limits or where there is no cgroup to tell
+    (grading without root); else a sign that the machine ran short (RankPool.starved)."""
+    from types import SimpleNamespace
+
+    from dpgrader.judge.ranks import RankPool
+    from dpgrader.judge.zygotes import ForkRefused
+
+    pool = RankPool.__new__(RankPool)
+    for reached, starved in (({"processes": 4, "memory": 0}, False), ({"processes": 0, "memory": 0}, True)):
+        pool.starved, pool.submission = [], SimpleNamespace(cgroup=FakeCgroup(reached))
+        error = pool.fork_refused(2, ForkRefused(11))
+        assert "rank 2 could not be started" in str(error), error
+        assert "Resource temporarily unavailable" in str(error), error
+        assert bool(pool.starved) == starved, (reached, pool.starved, error)
+        assert ("reached their limits" in str(error)) == (not starved), error
+    pool.starved, pool.submission = [], None  # without root: no cgroup to tell, its own
+    assert "too many processes" in str(pool.fork_refused(0, ForkRefused(11))) and not pool.starved

@@ -704,3 +704,32 @@ def test_memory_hidden_in_shared_mappings_tmpfs_memfds_and_helpers_loses_the_mem
                 assert not verdict["passed"] and "MiB more than" in verdict["evalue"], (name, verdict)
             else:
                 assert verdict["passed"], (name, grade_id, verdict)
+
+
+RAISES_STARVATION = '''
+def my_slice(data):
+    raise RuntimeError("can't start new thread")   # what a starved process says, said by the learner
+'''
+
+
+def test_a_cell_that_says_it_was_starved_is_its_own_failure_judged_once(tmp_path, no_orphans):
+    """Starvation is known from outside signals only (a fork of a rank refused, the OOM killer, a judge
+    killed from outside): carol's my_slice raises "can't start new thread" itself. Her my_slice cells
+    score 0, her other cells keep their points, she is judged once, nobody is named as judged alongside,
+    and the run's exit status is 0."""
+    root = tmp_path / "course"
+    shutil.copytree(REPO / "solutions" / "00_orientation", root / "solutions" / "00_orientation")
+    submitted = root / "autograder" / "submitted"
+    notebook("00_orientation", "solutions", {}, submitted / "alice", "00_orientation")
+    notebook("00_orientation", "solutions", {"my_slice": RAISES_STARVATION}, submitted / "carol",
+             "00_orientation")
+    env = dict(os.environ, DPCOURSE_COURSE_ROOT=str(root), DPCOURSE_DEADLINE="20",
+               DPCOURSE_DB_URL=f"sqlite:///{root / 'gradebook.db'}")
+    proc = subprocess.run([sys.executable, str(REPO / "autograder" / "autograde.py"), "--jobs", "2"], env=env,
+                          capture_output=True, text=True, timeout=900)
+    report = proc.stdout + proc.stderr
+    assert proc.returncode == 0, report[-3000:]
+    assert "judged again" not in report and "alongside" not in report, report[-3000:]
+    with open(root / "autograder" / "grades.csv") as f:
+        scores = {row["student_id"]: float(row["raw_score"]) for row in csv.DictReader(f)}
+    assert scores == {"alice": 6.0, "carol": 3.0}, scores

@@ -269,3 +269,48 @@ def test_tensor_collectives_and_uneven_all_to_all_match_gloo(pool):
     ops = [(op.op, op.nbytes) for op in observed_traffic()[0]]
     assert ops[:2] == [("all_gather_into_tensor", 2 * 3 * 4), ("reduce_scatter_tensor", 6 * world * 4)]
     assert ops[2] == ("all_to_all_single", sum(r % 3 for r in range(world)) * 2 * 4)
+
+
+def talk_through_proc():
+    """Writes a secret into its process name (prctl(PR_SET_NAME)) and its command line (the argv memory
+    /proc/<pid>/cmdline shows), then looks for its peer's in every /proc/<pid>/comm and cmdline it sees."""
+    import ctypes
+    import os
+    import time
+
+    rank = dist.get_rank()
+    mine, theirs = f"secret{rank}x", f"secret{1 - rank}x"
+    libc = ctypes.CDLL(None)
+    libc.prctl(15, mine.encode(), 0, 0, 0)  # PR_SET_NAME
+    with open("/proc/self/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    arg_start, arg_end = int(fields[45]), int(fields[46])  # the stat fields 48 and 49
+    ctypes.memmove(arg_start, mine.encode().ljust(arg_end - arg_start, b"\0")[:arg_end - arg_start],
+                   arg_end - arg_start)
+    found, end = set(), time.monotonic() + 1.5
+    while time.monotonic() < end and not found:
+        for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+            for name in ("comm", "cmdline"):
+                try:
+                    with open(f"/proc/{pid}/{name}", "rb") as f:
+                        if theirs.encode() in f.read():
+                            found.add(name)
+                except OSError:
+                    pass
+        time.sleep(0.05)
+    with open("/proc/self/cmdline", "rb") as f:
+        wrote = mine.encode() in f.read()
+    return sorted(found), wrote, sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+
+
+def test_ranks_of_one_launch_cannot_read_each_others_process_names_or_command_lines(pool):
+    """Each rank is the first process of a pid namespace of its own with its own /proc (as root; without
+    root each rank index has a sandbox of its own): what a rank writes into its name or command line is
+    seen by no peer, and a rank sees no process but its own."""
+    from dpgrader.judge.sandbox import can_isolate_ranks
+
+    for rank, (found, wrote, visible) in enumerate(launch(talk_through_proc, 2)):
+        assert wrote, "the rank could not write its own command line: the attack was not tried"
+        assert found == [], f"rank {rank} read its peer's secret from /proc/<pid>/{found}"
+        # itself only (pid 1); in a sandbox of its own: bubblewrap's init, the zygote and itself
+        assert visible == ([1] if can_isolate_ranks() else [1, 2, 3]), f"rank {rank} sees {visible}"

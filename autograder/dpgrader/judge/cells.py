@@ -100,6 +100,10 @@ def judge(source, submission, sandboxed=True, only=None, pool=None, budget=None,
         verdicts["_setup_cells_cut_short"] = skipped
     if any(reached.values()):
         verdicts["_limits_reached"] = reached  # its own processes hit its own limits (autograde.py reads it)
+    if getattr(pool, "budget_spent", False):
+        verdicts["_budget_spent"] = True  # the grader refused launches past the budget (autograde.py)
+    if pool.starved:
+        verdicts["_starved"] = list(pool.starved)  # the machine ran short (outside signals; autograde.py)
     return verdicts
 
 

@@ -138,12 +138,15 @@ class JudgeWorker:
         # The judge ended (its output closed: it is exiting, which may take a while on a loaded
         # machine, so it is waited for until the deadline, not a guessed margin), or it is still
         # at work past the time limit.
+        killed = False  # by something outside it: SIGKILL, its own memory limit not reached
         try:
             code = self.proc.wait(max(0.0, deadline - time.monotonic()) if ended else 0.0)
             why = f"exit status {code}"
             if code == -signal.SIGKILL and self.cgroup.memory_failures():
                 limit = sandbox.LIMITS["judge_memory_bytes"] >> 20
                 why += f": the judge reached its memory limit ({limit} MiB) while judging this notebook"
+            else:
+                killed = code == -signal.SIGKILL
         except subprocess.TimeoutExpired:
             why = (f"it closed its output but had not exited after {timeout:g} s" if ended
                    else f"stopped after {timeout:g} s")
@@ -151,7 +154,7 @@ class JudgeWorker:
         self.log.seek(log_start)
         tail = self.log.read()[-3000:]
         self.log.seek(0, os.SEEK_END)
-        return {"error": f"the grader could not judge this notebook ({why}):\n{tail}"}
+        return {"error": f"the grader could not judge this notebook ({why}):\n{tail}", "killed": killed}
 
     def _start(self):
         """Start a judge process: in a memory cgroup of its own (what ranks send it cannot grow it

@@ -34,7 +34,7 @@ from dpcourse.runtime import launcher
 from dpcourse.runtime.inside_rank import LENGTH_PREFIX, for_rank
 from dpgrader.judge import sandbox, zygotes
 from dpgrader.judge.router import Router
-from dpgrader.judge.zygotes import GraderFailure, Zygote  # noqa: F401 - GraderFailure: cells.py's
+from dpgrader.judge.zygotes import ForkRefused, GraderFailure, Zygote  # noqa: F401 - GraderFailure: cells.py's
 
 PRELOAD_HINTS = {"matplotlib.pyplot": "matplotlib"}  # module -> text of a program that imports it
 OUTPUT_LIMIT = 64 * 1024  # bytes of output relayed per rank and launch; the rest is dropped
@@ -212,6 +212,7 @@ class RankPool:
         self.deferred = []  # checks to run once the test cell's own checks passed (launcher.check_after_cell)
         self.submission, self.uid_base = None, None  # as root: this submission's zygote and user ids
         self.rank_memory, self.oom_kills = [], 0  # measured ranks' memory cgroups; OOM kills seen in them
+        self.starved = []  # signs, seen outside the learner's code, that the machine ran short (see starve)
         count = 1 if self.shared else prestart
         self.zygotes = zygotes.take_early(sandboxed, scratch) or [
             Zygote(sandboxed, self.shared, scratch) for _ in range(count)]  # warming up
@@ -220,6 +221,7 @@ class RankPool:
         """Judge another submission with the same sandboxes: as root, in a submission's zygote of its
         own (a fresh pid namespace, cgroup and user ids), opened at its first launch or call."""
         self._close_submission()
+        self.starved, self.oom_kills = [], 0
         self.program = list(program)
         self._preload()
 
@@ -234,14 +236,36 @@ class RankPool:
         """The submission is judged: kill its whole pid namespace now (not at the next one), and say
         how often its processes reached their cgroup's limits."""
         reached = self.submission.cgroup.limits_reached() if self.submission is not None else {}
+        if self.submission is not None:
+            killed = self.submission.cgroup.oom_kills() + self.oom_kills
+            if killed and not reached.get("memory"):
+                self.starved.append(f"the kernel's OOM killer killed {killed} of its processes while it was "
+                                    f"within its own memory limit: the machine ran out of memory")
         self._close_submission()
         self.budget_end = None
         return reached
+
+    def fork_refused(self, rank, refused):
+        """What a launch raises when the kernel refused to fork rank `rank` (seen by its zygote, never
+        read from the learner's text). The submission's own fault where its processes reached their own
+        cgroup's limits, or where there is no cgroup to tell (grading without root); otherwise the
+        machine ran short, which `starved` records: autograde.py judges the submission again."""
+        what = f"rank {rank} could not be started (the kernel refused to fork it: {refused})"
+        reached = self.submission.cgroup.limits_reached() if self.submission is not None else None
+        if reached is None or not self.submission.cgroup.enforced:
+            return RuntimeError(f"{what}: too many processes or too much memory in use")
+        if reached.get("processes") or reached.get("memory"):
+            return RuntimeError(f"{what}: this notebook's processes reached their limits "
+                                f"({sandbox.LIMITS['pids']} processes and threads, "
+                                f"{sandbox.LIMITS['memory_bytes'] >> 20} MiB)")
+        self.starved.append(f"{what} while the notebook was within its own limits")
+        return RuntimeError(f"{what}: the machine ran short, not this notebook (it is judged again)")
 
     def set_budget(self, seconds, why=""):
         """Launches and calls from now on end within `seconds` in all (None: no budget); past it they
         raise BudgetSpent saying `why` the budget is what it is."""
         self.budget_end = None if seconds is None else time.monotonic() + float(seconds)
+        self.budget_spent = False  # set when a launch or call was refused for it (cells.py reports it)
         self.budget, self.budget_why = seconds, why
 
     def _within_budget(self, seconds):
@@ -250,6 +274,7 @@ class RankPool:
             return seconds
         left = self.budget_end - time.monotonic()
         if left <= 0.5:
+            self.budget_spent = True
             raise BudgetSpent(f"not run: this notebook used up its time budget for grading ({self.budget:g} s"
                               f"{self.budget_why}) before this point")
         return min(seconds, left)
@@ -282,7 +307,10 @@ class RankPool:
         timeout = self._within_budget(timeout)
         self.ensure(1)
         if self.session is None:
-            self.session = CallSession(self)
+            try:
+                self.session = CallSession(self)
+            except ForkRefused as refused:
+                raise self.fork_refused(0, refused) from None
         report, printed = self.session.call(name, args, kwargs, timeout)
         if printed:
             print(printed, end="" if printed.endswith("\n") else "\n")
@@ -295,7 +323,13 @@ class RankPool:
         if self.submission is None or not self.submission.alive:
             if self.submission is not None:
                 self._close_submission()
-            self.submission = self.zygotes[0].open_submission()
+            try:
+                self.submission = self.zygotes[0].open_submission()
+            except ForkRefused as refused:  # no process of this notebook's exists yet: the machine's
+                self.starved.append(f"its sandbox could not be started (the kernel refused to fork: "
+                                    f"{refused})")
+                raise RuntimeError(f"the grader could not start this notebook's sandbox (the kernel refused "
+                                   f"to fork: {refused}): it is judged again") from None
             self.uid_base = sandbox.new_uid_block()
         return self.submission
 
@@ -347,8 +381,11 @@ class RankPool:
                 # each rank is sent its own inputs only (per_rank), never its peers'
                 mine = for_rank((fn, args, kwargs), rank, world_size)
                 payload = cloudpickle.dumps((self.program, dumps(mine)))
-                ranks.append(self._start(rank, world_size, group_timeout, payload, router_ends, shared,
-                                         bool(options.get("measure_memory"))))
+                try:
+                    ranks.append(self._start(rank, world_size, group_timeout, payload, router_ends, shared,
+                                             bool(options.get("measure_memory"))))
+                except ForkRefused as refused:
+                    raise self.fork_refused(rank, refused) from None
             router = Router(router_ends, **options)
             return launcher.supervise(ranks, deadline, group_timeout, source=self.source_line)
         finally:

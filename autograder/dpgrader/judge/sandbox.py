@@ -25,6 +25,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 
 REPO = Path(__file__).resolve().parents[3]
 COURSE = REPO / "course"
@@ -299,6 +300,14 @@ class Cgroup:
             except (OSError, ValueError, IndexError):
                 continue
         return found
+
+    def oom_kills(self):
+        """How many of its processes the kernel's OOM killer killed (memory.oom_control: oom_kill); with its
+        own limit not reached (memory_failures 0), the machine ran out of memory, not the submission."""
+        for path in self.paths:
+            if path.parent.name == "memory":
+                return RankMemory.oom_kills(SimpleNamespace(path=path))
+        return 0
 
     def memory_failures(self):
         """How many times an allocation hit its memory limit (memory.failcnt), or None."""

@@ -87,6 +87,15 @@ class GraderFailure(Exception):
     Not an Exception a test cell catches as a learner's failure: the judge re-raises it."""
 
 
+class ForkRefused(Exception):
+    """The kernel refused to fork a rank (EAGAIN: no process or thread left; ENOMEM): seen by the zygote,
+    outside the learner's code. The judge tells the submission's own limits apart from the machine's."""
+
+    def __init__(self, errno):
+        self.errno = errno
+        super().__init__(os.strerror(errno))
+
+
 class Forker:
     """The grader's end of a zygote's control socket (dpcourse.grading.zygote's protocol): fork a
     rank, signal it, learn of its exit, clean up the processes ranks left."""
@@ -100,7 +109,10 @@ class Forker:
         socket.send_fds(self.control, [message], fds)
         for start in range(0, len(payload), 64 * 1024):
             self.control.send(payload[start:start + 64 * 1024])
-        return self._read_until(lambda m: "started" in m)["started"]
+        answer = self._read_until(lambda m: "started" in m)
+        if not answer["started"]:
+            raise ForkRefused(int(answer.get("fork_failed") or 0))
+        return answer["started"]
 
     def _read_until(self, wanted, timeout=30.0):
         end = time.monotonic() + timeout
@@ -213,9 +225,12 @@ class Zygote(Forker):
             socket.send_fds(self.control, [json.dumps({"cmd": "open"}).encode()], [theirs.fileno()])
         finally:
             theirs.close()
-        pid = self._read_until(lambda m: "opened" in m)["opened"]
+        answer = self._read_until(lambda m: "opened" in m)
+        pid = answer["opened"]
         if not pid:
             control.close()
+            if answer.get("fork_failed"):
+                raise ForkRefused(answer["fork_failed"])
             raise GraderFailure("the grading sandbox could not open a submission's namespace")
         return Submission(control, self, pid)
 

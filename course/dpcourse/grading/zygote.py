@@ -8,9 +8,12 @@ the learner's code never ran in it, and each rank starts clean.
 
 Control protocol (a SOCK_SEQPACKET socket to the grader, JSON packets):
   grader -> {"cmd": "run", "rank", "world_size", "group_timeout", "size"} with 4 fds attached
-            (router socket, out, msg and diag pipes), then the payload in packets of at most
-            64 KiB: cloudpickle of (learner program, pickled function, args, kwargs);
-  zygote -> {"started": pid}, later {"exited": pid, "status": wait status};
+            (router socket, out, msg and diag pipes; as root, 3 more for a measured rank: its memory
+            cgroup's, see Probe), then the payload in packets of at most 64 KiB: cloudpickle of
+            (learner program, pickled function, args, kwargs); with "isolate" (as root) the rank is
+            pid 1 of a pid namespace of its own, with its own /proc;
+  zygote -> {"started": pid} (or {"started": 0, "fork_failed": errno}: the kernel refused the fork),
+            later {"exited": pid, "status": wait status};
   grader -> {"cmd": "signal", "pid", "sig"} and {"cmd": "clean"} (kill every other process of
             this sandbox's pid namespace: daemons a rank left behind);
   grader -> {"cmd": "preload", "modules"}: import those of PRELOADABLE, once, before later forks;
@@ -169,11 +172,13 @@ def _libc_call(what):
     return libc, check
 
 
-def isolate(rank, scratch=None, shared=(), uid=None):
+def isolate(rank, scratch=None, shared=(), uid=None, own_pid_namespace=False):
     """Cut this rank off from the other ranks of the sandbox, then give up root for good.
 
     Several ranks share one sandbox (one warm interpreter is much cheaper than one per rank), so
-    each rank gets its own network (none), IPC, /tmp and /dev/shm, and its own unprivileged user
+    each rank gets its own network (none), IPC, /tmp and /dev/shm, its own pid namespace and /proc
+    (`own_pid_namespace`: it sees no other rank's processes, their names or command lines), and its
+    own unprivileged user
     (`uid`, which the grader chooses fresh for each submission): it cannot signal, trace or read the
     memory of another rank or of another learner's processes, nor raise any limit. The grader's
     scratch folder is hidden, but for the folders of it named in `shared` (a checkpoint folder a
@@ -183,6 +188,8 @@ def isolate(rank, scratch=None, shared=(), uid=None):
     libc, check = _libc_call("could not isolate the rank")
     check(libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
     check(libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "private mounts")
+    if own_pid_namespace:  # a /proc of its own pid namespace: no other rank's comm, cmdline or memory
+        check(libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None), "its own /proc")
     for path, size in ((b"/tmp", b"256m"), (b"/dev/shm", b"64m")):
         check(libc.mount(b"tmpfs", path, b"tmpfs", MS_NOSUID | MS_NODEV, b"size=" + size + b",mode=1777"),
               f"a private {path.decode()}")
@@ -218,11 +225,13 @@ def _rank_main(spec, fds, payload, zygote_pid):
         from dpcourse.grading import routed, wire
         from dpcourse.runtime import inside_rank
 
-        inside_rank.die_with_parent(zygote_pid)
+        # pid 1 of its own namespace, a rank's parent is outside it: getppid() says 0
+        inside_rank.die_with_parent(0 if spec.get("own_pid_namespace") else zygote_pid)
         if spec.get("probe_fd") is not None:
             inside_rank.measured_by(spec["probe_fd"])
         if spec.get("isolate"):
-            isolate(spec["rank"], spec.get("scratch"), spec.get("shared", ()), spec.get("uid"))
+            isolate(spec["rank"], spec.get("scratch"), spec.get("shared", ()), spec.get("uid"),
+                    spec.get("own_pid_namespace", False))
         inside_rank.redirect_output(out_w)
         import cloudpickle
         import torch
@@ -308,6 +317,26 @@ def _write(fd, frame):
         view = view[os.write(fd, view):]
 
 
+_our_pid_namespace = None  # an fd of this zygote's own pid namespace (setns back after each rank's fork)
+
+
+def _new_pid_namespace_for_next_fork():
+    """The next child is the first process (pid 1) of a new pid namespace (unshare(CLONE_NEWPID)
+    moves the caller's children, never the caller): a rank that sees no other rank's processes, and
+    whose own die with it."""
+    global _our_pid_namespace
+    if _our_pid_namespace is None:
+        _our_pid_namespace = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+    libc, check = _libc_call("could not give the rank a pid namespace of its own")
+    check(libc.unshare(CLONE_NEWPID), "unshare")
+
+
+def _back_to_our_pid_namespace():
+    """Later children are born in this zygote's own pid namespace again (each rank gets a new one)."""
+    libc, check = _libc_call("could not return to the zygote's pid namespace")
+    check(libc.setns(_our_pid_namespace, CLONE_NEWPID), "setns")
+
+
 def _leftovers(sandboxed):
     """Processes a rank left behind. In a sandbox (its own pid namespace) that is every process
     but init and this one; unsandboxed, only those of this zygote's session (never the host's)."""
@@ -361,8 +390,26 @@ def serve(control, sandboxed):
                 if probe is None:
                     for fd in cgroup_fds:
                         os.close(fd)
-                pid = os.fork()
+                own_namespace = bool(message.get("isolate"))  # as root: each rank its own pid namespace
+                pid = None
+                try:
+                    if own_namespace:
+                        _new_pid_namespace_for_next_fork()
+                    pid = os.fork()
+                except OSError as exc:  # the machine (or the submission's own limits) refused the fork
+                    for fd in fds:
+                        os.close(fd)
+                    if probe is not None:
+                        probe.close_in_child()
+                        probe.forked()
+                        probe.theirs.close()
+                    control.send(json.dumps({"started": 0, "fork_failed": exc.errno}).encode())
+                    continue
+                finally:
+                    if own_namespace and pid != 0:
+                        _back_to_our_pid_namespace()
                 if pid == 0:
+                    message["own_pid_namespace"] = own_namespace
                     if probe is not None:
                         message["cgroup_failed"] = probe.enter_cgroup()  # before anything is charged here
                     control.close()
@@ -398,8 +445,12 @@ def serve(control, sandboxed):
                         importlib.import_module(module)
                 gc.freeze()  # as at the start (main)
             elif message["cmd"] == "open":
-                opened = _open_submission(control, fds[0], (wake_r, wake_w))
-                control.send(json.dumps({"opened": opened}).encode())
+                try:
+                    opened = {"opened": _open_submission(control, fds[0], (wake_r, wake_w))}
+                except OSError as exc:  # the kernel refused the fork
+                    os.close(fds[0])
+                    opened = {"opened": 0, "fork_failed": exc.errno}
+                control.send(json.dumps(opened).encode())
             elif message["cmd"] == "clean":
                 for pid in _leftovers(sandboxed):
                     if pid not in children:
@@ -606,7 +657,12 @@ def _open_submission(control, fd, inherited):
     process unshares, forks the submission's zygote and exits.
     """
     read_end, write_end = os.pipe()
-    middle = os.fork()
+    try:
+        middle = os.fork()
+    except OSError:
+        os.close(read_end)
+        os.close(write_end)
+        raise
     if middle == 0:
         try:
             control.close()
