@@ -11,11 +11,13 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP      := $(VENV)/.installed
 ASSIGNMENTS = $(sort $(notdir $(wildcard solutions/[0-9]*)))
 NOTEBOOKS   = $(wildcard solutions/*/*.ipynb)
-# nbgrader's tools (alembic, jupyter) must come from the environment.
-export PATH := $(BIN):$(PATH)
-# pytest workers: one more than the 2 cores of the machines here. Measured with 2: the suite waits
-# about a third of its time (browsers, the hub, launches between their ranks): 16 min wall for 10 min
-# of CPU.
+# nbgrader's tools (alembic, jupyter) must come from the environment; the system's (bwrap, setpriv)
+# too, also when make is started with no PATH at all (`env -i make autograde`).
+export PATH := $(BIN):$(or $(PATH),/usr/local/bin:/usr/bin:/bin)
+# pytest workers (`make test`): one more than the 2 cores of the machines here. Measured with 2: the
+# suite waits about a third of its time (browsers, the hub, launches between their ranks): 16 min wall
+# for 10 min of CPU. `make autograde` grades JOBS submissions at a time only when JOBS is given
+# (`JOBS=4 make autograde`); otherwise autograde.py's own default, 2.
 JOBS       ?= 3
 LAB_OPTS   ?=
 # What `make lab` serves: the course (the browser tests point it at a scratch copy).
@@ -23,7 +25,7 @@ LAB_ROOT   ?= $(CURDIR)/course
 # nbgrader's course root (autograder/nbgrader_config.py): `make formgrader` serves the same folder.
 COURSE_ROOT = $(or $(DPCOURSE_COURSE_ROOT),$(CURDIR))
 # Jupyter refuses to run as root unless told (containers and CI run as root).
-ROOT_OPT   := $(if $(filter 0,$(shell id -u)),--allow-root)
+ROOT_OPT   := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root)
 
 # `make hub`: a class on JupyterHub (hub/). Its users, exchange and state live under HUB_ROOT.
 HUB_ROOT       ?= /srv/dpcourse-hub
@@ -121,7 +123,8 @@ grade: install  ## grade one notebook as nbgrader would: make grade NB=course/00
 	$(PY) autograder/grade.py $(NB) $(GRADE_OPTS)
 
 autograde: install  ## grade every submission in autograder/submitted/ (JOBS at a time), feedback, grades.csv; STUDENT=x: x's only
-	$(PY) autograder/autograde.py --jobs $(JOBS) $(foreach s,$(STUDENT),--student $(s))
+	$(PY) autograder/autograde.py $(if $(filter-out file default undefined,$(origin JOBS)),--jobs $(JOBS)) \
+	  $(foreach s,$(STUDENT),--student $(s))
 
 lint: install  ## ruff
 	$(BIN)/ruff check .

@@ -64,8 +64,9 @@ def test_nbgrader_autograde_run_by_hand_judges_each_notebook_itself(tmp_path):
 
 def test_make_autograde_works_from_a_clean_environment(no_orphans):
     """The README's instructor command, exactly: `make autograde` in a checkout with two submissions,
-    from `env -i` with only PATH and HOME (no DPCOURSE_DB_URL, no course root): both graded, grades.csv
-    and feedback written, exit status 0."""
+    from `env -i` with HOME only (no PATH at all, no DPCOURSE_DB_URL, no course root): both graded
+    (bubblewrap found where the system keeps it), grades.csv and feedback written, exit status 0, and
+    2 submissions at a time (autograde.py's default: the Makefile's JOBS is pytest's unless given)."""
     root = Path(tempfile.mkdtemp(prefix="dpcourse-make-", dir="/var/tmp"))  # not /tmp: sandboxes hide it
     try:
         for name in ("Makefile", "pyproject.toml", "requirements.txt"):
@@ -83,9 +84,12 @@ def test_make_autograde_works_from_a_clean_environment(no_orphans):
             shutil.copy(source, folder)
         home = root / "home"
         home.mkdir()
-        proc = subprocess.run(["env", "-i", "PATH=/usr/local/bin:/usr/bin:/bin", f"HOME={home}", "make", "-C",
-                               str(root), "autograde"], capture_output=True, text=True, timeout=1200)
+        make = shutil.which("make")
+        proc = subprocess.run(["env", "-i", f"HOME={home}", make, "-C", str(root), "autograde"],
+                              capture_output=True, text=True, timeout=1200)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert "2 submission(s), 2 at a time" in proc.stdout, proc.stdout[-3000:]
+        assert not proc.stderr.strip(), proc.stderr[-3000:]
         with open(root / "autograder" / "grades.csv") as f:
             scores = {row["student_id"]: float(row["score"]) for row in csv.DictReader(f)}
         assert scores == {"alice": 6.0, "bob": 0.0}, scores

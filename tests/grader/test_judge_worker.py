@@ -291,3 +291,28 @@ def test_the_judge_sees_only_what_it_needs(tmp_path, monkeypatch):
     assert verdicts["look"]["passed"], verdicts
     seen = verdicts["look"]["output"]
     assert seen.strip() == str(["course", "hidden checks"]), seen
+
+
+def test_a_kernels_start_never_removes_the_connection_folder_of_a_kernel_starting_beside_it(tmp_path,
+                                                                                           monkeypatch):
+    """Two kernels start at once (JOBS=2, DPCOURSE_RUN_KERNEL=1): one has made its folder (given to the
+    user its kernel will run as, who has no process yet) when the other cleans up stale copies. Only a
+    folder whose kernel's process (named in the folder) is gone is removed."""
+    import subprocess
+    import tempfile
+
+    from dpgrader.judge import kernel
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    starting = tmp_path / f"dpcourse-kernel-{os.getpid()}-abc"  # a live process: a kernel starting now
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    ended = tmp_path / f"dpcourse-kernel-{dead.pid}-def"
+    mine = tmp_path / "dpcourse-kernel-1-keep"
+    for folder in (starting, ended, mine):
+        folder.mkdir()
+        (folder / "connection.json").write_text("{}")
+    if os.geteuid() == 0:
+        os.chown(starting, 3999999, 3999999)  # a fresh user id with no process yet
+    kernel._remove_stale_copies(keep=mine)
+    assert starting.exists() and mine.exists() and not ended.exists()

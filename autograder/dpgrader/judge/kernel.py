@@ -38,7 +38,9 @@ def main():
     connection file that this user owns."""
     connection = Path(sys.argv[1]).resolve()
     uid = sandbox.new_uid_block()
-    folder = Path(tempfile.mkdtemp(prefix="dpcourse-kernel-"))
+    # named after this process, which becomes the kernel's sandbox (exec keeps the pid): its folder is
+    # stale once no process has that pid (see _remove_stale_copies)
+    folder = Path(tempfile.mkdtemp(prefix=f"dpcourse-kernel-{os.getpid()}-"))
     copy = folder / "connection.json"
     copy.write_bytes(connection.read_bytes())
     for path in (folder, copy):
@@ -58,22 +60,17 @@ def main():
 
 
 def _remove_stale_copies(keep):
-    """Connection-file copies of kernels that ended (their folder's owner has no process left)."""
+    """Connection-file copies of kernels that ended: the process each folder is named after (the kernel's
+    sandbox, dpcourse-kernel-<pid>-...) is gone. Not "its owner has no process left": between making its
+    folder and starting as that owner, a kernel starting at the same time (JOBS=2 with
+    DPCOURSE_RUN_KERNEL=1) has no process of that owner yet, and its folder would be taken from it."""
     import shutil
 
-    running = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                running.add(os.stat(f"/proc/{entry}").st_uid)
-            except OSError:
-                continue
     for old in Path(tempfile.gettempdir()).glob("dpcourse-kernel-*"):
-        try:
-            if old != keep and old.stat().st_uid not in running:
-                shutil.rmtree(old, ignore_errors=True)
-        except OSError:
+        pid = old.name.split("-")[2]
+        if old == keep or (pid.isdigit() and os.path.exists(f"/proc/{pid}")):
             continue
+        shutil.rmtree(old, ignore_errors=True)
 
 
 if __name__ == "__main__":
