@@ -327,9 +327,10 @@ def test_a_forged_stack_dump_and_the_environment_leak_nothing(tmp_path, monkeypa
     verdicts = json.loads(text)
     forged = verdicts[str(paths["forged_dump"])]["test_my_slice_basic"]
     assert not forged["passed"] and "did not finish" in forged["evalue"], forged
-    shadow_line = Path("/etc/shadow").read_text().splitlines()[0]
-    leaks = {"the planted secret": SECRET, "/etc/shadow": shadow_line,
-             "the hidden checks": "Hidden checks of 00_orientation", "the solution": "BEGIN SOLUTION"}
+    leaks = {"the planted secret": SECRET, "the hidden checks": "Hidden checks of 00_orientation",
+             "the solution": "BEGIN SOLUTION"}
+    if os.access("/etc/shadow", os.R_OK):  # as root; a grader without root cannot read it either
+        leaks["/etc/shadow"] = Path("/etc/shadow").read_text().splitlines()[0]
     for what, needle in leaks.items():
         assert needle not in text, f"{what} leaked into a verdict"
     told = verdicts[str(paths["environment"])]["test_my_slice_basic"]["evalue"]

@@ -314,3 +314,45 @@ def test_ranks_of_one_launch_cannot_read_each_others_process_names_or_command_li
         assert found == [], f"rank {rank} read its peer's secret from /proc/<pid>/{found}"
         # itself only (pid 1); in a sandbox of its own: bubblewrap's init, the zygote and itself
         assert visible == ([1] if can_isolate_ranks() else [1, 2, 3]), f"rank {rank} sees {visible}"
+
+
+def look_around(paths):
+    """What of `paths` this rank can read, and whether anything of the grader's environment reached it."""
+    import os
+    import sys
+
+    seen = []
+    for what, path in paths.items():
+        try:
+            found = open(path, "rb").read(1) if os.path.isfile(path) else set(os.listdir(path))
+        except OSError:
+            continue
+        if what == "home":  # but the folder that holds the Python installation (pyenv under /root)
+            found = {e for e in found if not sys.base_prefix.startswith(os.path.join(path, e))}
+        if found:
+            seen.append(what)
+    if any("planted" in value for value in os.environ.values()):
+        seen.append("the grader's environment")
+    return sorted(seen)
+
+
+def test_a_rank_sees_only_the_course_and_the_environment(pool, tmp_path, monkeypatch):
+    """With root or without (the layout a learner's `make grade` and a hub without a grading service get):
+    a rank reads the released course, and nothing of the solutions, the hidden checks, the submissions,
+    the tests, the git history, a file next to the checkout, a home folder or the grader's environment."""
+    import os
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    planted = repo.parent / f".dpcourse-test-rank-look-{os.getpid()}"
+    planted.write_text("planted")
+    monkeypatch.setenv("DPCOURSE_PLANTED", "planted")  # the judge's environment; a rank's is fresh anyway
+    paths = {"solutions": str(repo / "solutions"), "hidden checks": str(repo / "autograder" / "dpgrader"),
+             "submitted": str(repo / "autograder" / "submitted"), "tests": str(repo / "tests"),
+             "git": str(repo / ".git"), "next to the checkout": str(planted), "home": os.path.expanduser("~"),
+             "course": str(repo / "course" / "dpcourse" / "__init__.py")}
+    try:
+        seen = launch(look_around, 2, paths)
+    finally:
+        planted.unlink()
+    assert seen == [["course"], ["course"]], seen

@@ -70,6 +70,8 @@ def test_a_judge_serves_one_learner_only_where_ranks_share_a_user_with_their_san
     """As root each rank runs as its own user, cut off from its sandbox's warm interpreter, so one
     judge may serve the whole class; without root (DPCOURSE_SANDBOX_SHARED=0 gives that layout)
     a new learner gets a fresh judge."""
+    if shared == "1" and os.geteuid() != 0:
+        pytest.skip("ranks run as users of their own only as root (without root: the [0] case)")
     monkeypatch.setenv("DPCOURSE_SANDBOX_SHARED", shared)
     with JudgeWorker(sandboxed=True) as worker:
         pids = []
@@ -263,6 +265,9 @@ print(sorted(k for k, v in seen.items() if v))
 '''
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="the judge has a sandbox of its own only as root (without "
+                    "root it runs as the grading user, who may read what it reads; its ranks are sandboxed: "
+                    "tests/grader/test_judge_ranks.py::test_a_rank_sees_only_the_course_and_the_environment)")
 def test_the_judge_sees_only_what_it_needs(tmp_path, monkeypatch):
     """The judge process (root: it starts the ranks' sandboxes) runs in a sandbox of its own: an
     instructor's test cell run there finds no gradebook, no other submission, no solutions folder, no

@@ -8,7 +8,8 @@ network at all; no capabilities (so no limit can be raised from inside). Not vis
 solutions, the hidden checks, the gradebook, other students' submissions, the git history.
 
 Limits: processes and memory through a cgroup per sandbox when /sys/fs/cgroup/{pids,memory} is
-writable (as root on Linux), plus rlimits (open files, file size, core dumps) in every case;
+writable (as root on Linux), plus rlimits (open files, file size, core dumps, each process's data
+memory) in every case;
 time is bounded by whoever waits for the sandbox (launch deadlines, nbgrader's cell timeout).
 
 `require()` refuses to go on, with a message saying how to fix it, where bwrap is missing or
@@ -34,6 +35,7 @@ LIMITS = {
     "judge_memory_bytes": 4 << 30,  # of a judge process (it holds what ranks send it)
     "judge_pids": 256,
     "tmp_bytes": 512 << 20,  # the private /tmp
+    "shm_bytes": 64 << 20,  # the private /dev/shm (as root each rank mounts its own, of the same size)
     "file_bytes": 256 << 20,  # largest file a process may write
     "open_files": 1024,
     "pids": 512,  # processes and threads of one sandbox (up to 8 ranks and their library threads)
@@ -114,7 +116,9 @@ def argv(command, *, binds=(), network=False, keep_capabilities=False):
                      key=lambda a: len(a.parts))
     # the private /tmp first, then what is shown: a course or an environment that lives under /tmp
     # (a clone in /tmp/...) stays visible on top of it
-    args += ["--proc", "/proc", "--dev", "/dev", "--size", str(LIMITS["tmp_bytes"]), "--perms", "1777",
+    # /dev/shm a tmpfs of its own and bounded (bubblewrap's /dev is a tmpfs of half the machine's memory)
+    args += ["--proc", "/proc", "--dev", "/dev", "--size", str(LIMITS["shm_bytes"]), "--perms", "1777",
+             "--tmpfs", "/dev/shm", "--size", str(LIMITS["tmp_bytes"]), "--perms", "1777",
              "--tmpfs", "/tmp", "--perms", "1777", "--dir", "/tmp/home", "--setenv", "HOME", "/tmp/home",
              "--setenv", "MPLCONFIGDIR", "/tmp/home",
              "--setenv", "TMPDIR", "/tmp", "--chdir", "/tmp"]
@@ -218,9 +222,12 @@ def unmount(path):
 
 
 def set_rlimits():
-    """preexec_fn of a sandbox: limits that no process inside can raise (it has no capabilities)."""
+    """preexec_fn of a sandbox: limits that no process inside can raise (it has no capabilities).
+    RLIMIT_DATA (a process's heap and private writable mappings) bounds each process's memory where no
+    cgroup bounds the sandbox's (grading without root), and is no tighter than the cgroup where one does."""
     for limit, value in ((resource.RLIMIT_NOFILE, LIMITS["open_files"]),
-                         (resource.RLIMIT_FSIZE, LIMITS["file_bytes"]), (resource.RLIMIT_CORE, 0)):
+                         (resource.RLIMIT_FSIZE, LIMITS["file_bytes"]), (resource.RLIMIT_CORE, 0),
+                         (resource.RLIMIT_DATA, LIMITS["memory_bytes"])):
         resource.setrlimit(limit, (value, value))
 
 
