@@ -356,3 +356,51 @@ def test_a_rank_sees_only_the_course_and_the_environment(pool, tmp_path, monkeyp
     finally:
         planted.unlink()
     assert seen == [["course"], ["course"]], seen
+
+
+def talk_through_locks_and_terminals():
+    """Rank 0 takes locks on a file every rank can read (a byte range is 64 bits a lock: F_GETLK tells
+    a peer where it is) and opens a pseudo-terminal (a peer sees /dev/pts/N appear); rank 1 looks."""
+    import fcntl
+    import os
+    import struct
+    import time
+
+    rank, tried = dist.get_rank(), {}
+    fd = os.open("/etc/os-release", os.O_RDONLY)
+    if rank == 0:
+        for name, call in (("fcntl", lambda: fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB, 1, 123456789)),
+                           ("flock", lambda: fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)),
+                           ("ofd", lambda: fcntl.fcntl(fd, 37, struct.pack("hhqqi", fcntl.F_RDLCK, 0, 7, 1,
+                                                                           0))),
+                           ("pty", lambda: os.open("/dev/ptmx", os.O_RDWR | os.O_NOCTTY))):
+            try:
+                call()
+                tried[name] = "done"
+            except OSError as exc:
+                tried[name] = exc.strerror
+        time.sleep(1.0)
+    else:
+        time.sleep(0.5)
+        try:
+            held = fcntl.fcntl(fd, fcntl.F_GETLK, struct.pack("hhqqi", fcntl.F_WRLCK, 0, 0, 0, 0))
+            tried["seen lock"] = struct.unpack("hhqqi", held)[2]
+        except OSError as exc:
+            tried["seen lock"] = exc.strerror
+        tried["seen terminals"] = sorted(os.listdir("/dev/pts")) if os.path.isdir("/dev/pts") else []
+    tried["fcntl still works"] = fcntl.fcntl(fd, fcntl.F_GETFL) >= 0
+    return tried
+
+
+def test_ranks_share_no_file_locks_and_no_pseudo_terminals(pool):
+    """As root: a rank may take no file lock (a seccomp filter: flock and fcntl's lock commands fail with
+    EPERM, fcntl's others work) and has no pseudo-terminals, so neither is a way to talk to a peer."""
+    from dpgrader.judge.sandbox import can_isolate_ranks
+
+    if not can_isolate_ranks():
+        pytest.skip("ranks are filtered and given their own /dev/pts by the zygote as root only")
+    first, second = launch(talk_through_locks_and_terminals, 2)
+    assert {k: first[k] for k in ("fcntl", "flock", "ofd")} == dict.fromkeys(("fcntl", "flock", "ofd"),
+                                                                           "Operation not permitted"), first
+    assert first["pty"] == "No such file or directory" and first["fcntl still works"], first
+    assert second["seen lock"] == "Operation not permitted" and second["seen terminals"] == [], second

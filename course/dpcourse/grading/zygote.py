@@ -154,7 +154,7 @@ def run_program(cells):
 
 CLONE_NEWNS, CLONE_NEWNET, CLONE_NEWIPC, CLONE_NEWUTS = 0x20000, 0x40000000, 0x08000000, 0x04000000
 CLONE_NEWPID = 0x20000000
-MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_MOVE = 2, 4, 8, 0x1000, 0x2000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_MOVE = 1, 2, 4, 8, 0x1000, 0x2000
 MS_REC, MS_PRIVATE = 0x4000, 0x40000
 PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 4, 38
 FIRST_UID = 61000  # without a uid from the grader, rank r runs as user 61000 + r
@@ -190,6 +190,9 @@ def isolate(rank, scratch=None, shared=(), uid=None, own_pid_namespace=False):
     check(libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "private mounts")
     if own_pid_namespace:  # a /proc of its own pid namespace: no other rank's comm, cmdline or memory
         check(libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None), "its own /proc")
+    # no pseudo-terminals: which ones exist (/dev/pts of the sandbox) is seen by every rank
+    check(libc.mount(b"tmpfs", b"/dev/pts", b"tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                     b"size=4k,mode=0755"), "no pseudo-terminals")
     for path, size in ((b"/tmp", b"256m"), (b"/dev/shm", b"64m")):
         check(libc.mount(b"tmpfs", path, b"tmpfs", MS_NOSUID | MS_NODEV, b"size=" + size + b",mode=1777"),
               f"a private {path.decode()}")
@@ -214,6 +217,56 @@ def isolate(rank, scratch=None, shared=(), uid=None, own_pid_namespace=False):
     os.umask(0)  # ranks are different users: in a shared folder, rank 1 may overwrite rank 0's file
     check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no new privileges")
     check(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "not dumpable")
+    refuse_file_locks(libc, check)
+
+
+# File locks are seen across processes on every file they can open, the read-only ones every rank
+# shares included: rank 1 learns the byte range of rank 0's lock on /etc/os-release (fcntl F_GETLK),
+# 64 bits a lock, and flock's held or not is a bit too. A seccomp filter makes flock and fcntl's lock
+# commands fail with EPERM in a rank (no exercise takes a lock), and every system call of another
+# architecture's calling convention (32-bit int 0x80 numbers differ).
+SECCOMP = {"x86_64": (0xC000003E, 73, 72, 0x40000000), "aarch64": (0xC00000B7, 32, 25, None)}
+LOCK_COMMANDS = (5, 6, 7, 36, 37, 38)  # F_GETLK, F_SETLK, F_SETLKW, F_OFD_GETLK, F_OFD_SETLK, F_OFD_SETLKW
+PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
+RET_ALLOW, RET_EPERM = 0x7FFF0000, 0x00050000 | 1
+
+
+def lock_filter(machine):
+    """The classic BPF program of refuse_file_locks, as (code, jt, jf, k) tuples; None for an unknown
+    machine."""
+    if machine not in SECCOMP:
+        return None
+    arch, flock, fcntl, x32 = SECCOMP[machine]
+    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_RET|K
+    checks = [(jeq, 0, 0, c) for c in LOCK_COMMANDS]
+    program = [(ld, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, RET_EPERM), (ld, 0, 0, 0)]
+    if x32 is not None:
+        program += [(jge, 0, 1, x32), (ret, 0, 0, RET_EPERM)]
+    program += [(jeq, 0, 1, flock), (ret, 0, 0, RET_EPERM), (jeq, 1, 0, fcntl), (ret, 0, 0, RET_ALLOW),
+                (ld, 0, 0, 24)]  # fcntl's command: the low half of args[1]
+    for index, (code, _, _, k) in enumerate(checks):  # each: a match jumps to the EPERM at the end
+        program.append((code, len(checks) - index, 0, k))
+    return program + [(ret, 0, 0, RET_ALLOW), (ret, 0, 0, RET_EPERM)]
+
+
+def refuse_file_locks(libc, check):
+    """Install lock_filter in this process (after PR_SET_NO_NEW_PRIVS); its threads and children keep it."""
+    import ctypes
+
+    program = lock_filter(os.uname().machine)
+    if program is None:
+        return
+
+    class Filter(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8),
+                    ("k", ctypes.c_uint32)]
+
+    class Program(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
+
+    filters = (Filter * len(program))(*[Filter(*f) for f in program])
+    check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(Program(len(program), filters)), 0, 0),
+          "no file locks")
 
 
 def _rank_main(spec, fds, payload, zygote_pid):
