@@ -360,7 +360,8 @@ def test_a_rank_sees_only_the_course_and_the_environment(pool, tmp_path, monkeyp
 
 def talk_through_locks_and_terminals():
     """Rank 0 takes locks on a file every rank can read (a byte range is 64 bits a lock: F_GETLK tells
-    a peer where it is) and opens a pseudo-terminal (a peer sees /dev/pts/N appear); rank 1 looks."""
+    a peer where it is), opens a pseudo-terminal (a peer sees /dev/pts/N appear), drops the file's pages
+    from the page cache and asks whether one is cached without reading it; rank 1 looks."""
     import fcntl
     import os
     import struct
@@ -373,7 +374,9 @@ def talk_through_locks_and_terminals():
                            ("flock", lambda: fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)),
                            ("ofd", lambda: fcntl.fcntl(fd, 37, struct.pack("hhqqi", fcntl.F_RDLCK, 0, 7, 1,
                                                                            0))),
-                           ("pty", lambda: os.open("/dev/ptmx", os.O_RDWR | os.O_NOCTTY))):
+                           ("pty", lambda: os.open("/dev/ptmx", os.O_RDWR | os.O_NOCTTY)),
+                           ("fadvise", lambda: os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)),
+                           ("nowait", lambda: os.preadv(fd, [bytearray(8)], 0, os.RWF_NOWAIT))):
             try:
                 call()
                 tried[name] = "done"
@@ -394,13 +397,14 @@ def talk_through_locks_and_terminals():
 
 def test_ranks_share_no_file_locks_and_no_pseudo_terminals(pool):
     """As root: a rank may take no file lock (a seccomp filter: flock and fcntl's lock commands fail with
-    EPERM, fcntl's others work) and has no pseudo-terminals, so neither is a way to talk to a peer."""
+    EPERM, fcntl's others work), set or query the page cache of a shared file (fadvise, RWF_NOWAIT) and
+    has no pseudo-terminals, so none of these is a way to talk to a peer."""
     from dpgrader.judge.sandbox import can_isolate_ranks
 
     if not can_isolate_ranks():
         pytest.skip("ranks are filtered and given their own /dev/pts by the zygote as root only")
     first, second = launch(talk_through_locks_and_terminals, 2)
-    assert {k: first[k] for k in ("fcntl", "flock", "ofd")} == dict.fromkeys(("fcntl", "flock", "ofd"),
-                                                                           "Operation not permitted"), first
+    refused = ("fcntl", "flock", "ofd", "fadvise", "nowait")
+    assert {k: first[k] for k in refused} == dict.fromkeys(refused, "Operation not permitted"), first
     assert first["pty"] == "No such file or directory" and first["fcntl still works"], first
     assert second["seen lock"] == "Operation not permitted" and second["seen terminals"] == [], second

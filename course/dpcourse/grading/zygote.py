@@ -220,29 +220,36 @@ def isolate(rank, scratch=None, shared=(), uid=None, own_pid_namespace=False):
     refuse_file_locks(libc, check)
 
 
-# File locks are seen across processes on every file they can open, the read-only ones every rank
-# shares included: rank 1 learns the byte range of rank 0's lock on /etc/os-release (fcntl F_GETLK),
-# 64 bits a lock, and flock's held or not is a bit too. A seccomp filter makes flock and fcntl's lock
-# commands fail with EPERM in a rank (no exercise takes a lock), and every system call of another
-# architecture's calling convention (32-bit int 0x80 numbers differ).
-SECCOMP = {"x86_64": (0xC000003E, 73, 72, 0x40000000), "aarch64": (0xC00000B7, 32, 25, None)}
+# Ways for ranks to talk through files they all can read (the OS, the environment, the course): file
+# locks are seen across processes (rank 1 learns the byte range of rank 0's lock on /etc/os-release
+# with fcntl F_GETLK, 64 bits a lock; flock's held-or-not is a bit); which pages of such a file are in
+# the page cache can be set (reading them, posix_fadvise(DONTNEED) dropping them) and read without
+# touching them (preadv2's RWF_NOWAIT, io_uring, cachestat). A seccomp filter makes those calls fail
+# with EPERM in a rank (no exercise needs any), and every system call of another architecture's calling
+# convention (32-bit int 0x80 numbers differ). Reading a page and timing it remains (README).
+# machine: (audit arch, fcntl, first x32 number or None, [flock, fadvise64, preadv2, pwritev2,
+# io_uring_setup, io_uring_enter, io_uring_register, cachestat])
+SECCOMP = {"x86_64": (0xC000003E, 72, 0x40000000, [73, 221, 327, 328, 425, 426, 427, 451]),
+           "aarch64": (0xC00000B7, 25, None, [32, 223, 286, 287, 425, 426, 427, 451])}
 LOCK_COMMANDS = (5, 6, 7, 36, 37, 38)  # F_GETLK, F_SETLK, F_SETLKW, F_OFD_GETLK, F_OFD_SETLK, F_OFD_SETLKW
 PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
 RET_ALLOW, RET_EPERM = 0x7FFF0000, 0x00050000 | 1
 
 
 def lock_filter(machine):
-    """The classic BPF program of refuse_file_locks, as (code, jt, jf, k) tuples; None for an unknown
-    machine."""
+    """The classic BPF program of refuse_file_locks, as (code, jt, jf, k) tuples (see SECCOMP); None for
+    an unknown machine."""
     if machine not in SECCOMP:
         return None
-    arch, flock, fcntl, x32 = SECCOMP[machine]
+    arch, fcntl, x32, denied = SECCOMP[machine]
     ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_RET|K
     checks = [(jeq, 0, 0, c) for c in LOCK_COMMANDS]
     program = [(ld, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, RET_EPERM), (ld, 0, 0, 0)]
     if x32 is not None:
         program += [(jge, 0, 1, x32), (ret, 0, 0, RET_EPERM)]
-    program += [(jeq, 0, 1, flock), (ret, 0, 0, RET_EPERM), (jeq, 1, 0, fcntl), (ret, 0, 0, RET_ALLOW),
+    for number in denied:
+        program += [(jeq, 0, 1, number), (ret, 0, 0, RET_EPERM)]
+    program += [(jeq, 1, 0, fcntl), (ret, 0, 0, RET_ALLOW),
                 (ld, 0, 0, 24)]  # fcntl's command: the low half of args[1]
     for index, (code, _, _, k) in enumerate(checks):  # each: a match jumps to the EPERM at the end
         program.append((code, len(checks) - index, 0, k))
