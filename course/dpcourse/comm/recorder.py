@@ -102,6 +102,18 @@ class CommOp:
             return self.peer
         return self.group[self.peer]
 
+    def row(self):
+        """This record as a plain list, as a graded rank may return it (its results travel without
+        pickle): [op, peer, nbytes, start, end, group]. `CommOp.from_row` turns it back."""
+        group = list(self.group) if self.group else None
+        return [self.op, self.peer, self.nbytes, self.start, self.end, group]
+
+    @classmethod
+    def from_row(cls, row):
+        """The CommOp of a `row()` (the one conversion between records and plain lists)."""
+        op, peer, nbytes, start, end, group = row
+        return cls(op, peer, nbytes, start, end, tuple(group) if group else None)
+
 
 def _process_group(process_group):
     """The ProcessGroup of a c10d operator's argument: a boxed group, or the name a functional

@@ -131,6 +131,30 @@ def _describe(ranks, stopped, deadline, group_timeout):
                        ranks=[r.rank for r in failed + list(stopped)])
 
 
+class _Reported:
+    """A rank's failure as the rank reported it (dpcourse.comm.cases), in the shape of a launcher Rank."""
+
+    def __init__(self, rank, type_name, message, traceback_text):
+        self.rank, self.report = rank, ("error", 0.0, type_name, message, traceback_text)
+        self.diag, self.output_tail, self.exit_status = b"", [], None
+
+
+def reported_failure(world, failures, stopped=()):
+    """The LaunchError for ranks whose code raised and that reported it instead of dying (the case
+    runner's ranks, dpcourse.comm.cases), worded as `launch` words a rank that raised; the LOWEST
+    failing rank is blamed, whatever the order the ranks failed in. failures: [(rank, exception type
+    name, message, traceback text)]; stopped: ranks the launch stopped before they reported."""
+    reported = sorted((_Reported(*f) for f in failures), key=lambda r: r.rank)
+    culprit = reported[0]
+    head = _headline(culprit, world) + _same_error_elsewhere(culprit, reported)
+    body = [head, "", *_details(culprit)]
+    for r in reported[1:]:
+        body.append(f"  rank {r.rank}: {_one_line(r, ())}")
+    body += [f"  rank {rank}: stopped when rank {culprit.rank} failed" for rank in stopped]
+    return LaunchError("\n".join(body).rstrip(), culprit.rank, "raised",
+                       ranks=[r.rank for r in reported] + list(stopped))
+
+
 def _is_failure(r):
     if r.report is not None:
         return r.report[0] == "error"
@@ -222,7 +246,7 @@ def _trim_traceback(text):
             skipping = any(p in line for p in ("dpcourse/runtime/inside_rank.py",
                                                 "dpcourse/grading/zygote.py",
                                                 "dpcourse/runtime/launcher.py", "dpcourse/checks/ranks.py",
-                                                "dpcourse/comm/calls.py",
+                                                "dpcourse/comm/cases.py", "dpcourse/comm/p2p.py",
                                                 "torch/distributed/c10d_logger.py", "dpgrader/"))
         elif not line.startswith("    "):
             skipping = False

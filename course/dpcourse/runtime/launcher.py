@@ -49,6 +49,12 @@ DEFAULT_DEADLINE = TIMEOUTS["launch"]  # seconds a whole launch may take
 
 MAX_WORLD_SIZE = 64
 DIAG_LIMIT = 64 * 1024  # bytes of a stuck rank's stack dump kept, where the caller limits reports
+# A rank whose result is a dict with STOP_LAUNCH set has reported a failure its peers cannot get past
+# (dpcourse.comm.cases: the learner's code raised): the launch ends STOP_GRACE seconds later, or as soon
+# as every rank has reported, and the ranks still running are stopped (their results are None). The
+# grace lets ranks that fail alike report too, so the caller can blame the lowest rank that failed.
+STOP_LAUNCH = "dpcourse/stop-launch"
+STOP_GRACE = 0.3
 
 
 def launch(fn, world_size, *args, backend=None, deadline=None, group_timeout=None, **kwargs):
@@ -327,11 +333,17 @@ def supervise(ranks, deadline, group_timeout, source=None):
             os.set_blocking(fd, False)
             selector.register(fd, selectors.EVENT_READ, (r, kind))
     try:
-        end = time.monotonic() + deadline
+        end, stop_at = time.monotonic() + deadline, None
         while True:
             # once every pipe closed, only the exits are awaited: look often (a launch costs ms)
             _pump(selector, timeout=0.02 if selector.get_map() else 0.002)
             _reap(ranks)
+            if stop_at is None and any(_stops(r) for r in ranks):
+                stop_at = time.monotonic() + STOP_GRACE
+            if stop_at is not None and not any(_failed(r) for r in ranks) and (
+                    time.monotonic() > stop_at or all(r.report is not None for r in ranks)):
+                kill_and_reap(ranks)
+                return [r.report[2] if r.report is not None else None for r in ranks]
             if any(_failed(r) for r in ranks):
                 _pump_for(selector, 0.3)  # let simultaneous failures (timeouts) report too
                 # a rank reaped before its last message was read looked failed; judge it on the message
@@ -350,6 +362,12 @@ def supervise(ranks, deadline, group_timeout, source=None):
         for r in ranks:
             for fd in (r.out_fd, r.msg_fd, r.diag_fd):
                 os.close(fd)
+
+
+def _stops(r):
+    """The rank reported a failure that ends the launch (see STOP_LAUNCH)."""
+    return (r.report is not None and r.report[0] == "ok" and isinstance(r.report[2], dict)
+            and r.report[2].get(STOP_LAUNCH) is True)
 
 
 def _failed(r):

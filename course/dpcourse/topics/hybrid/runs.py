@@ -34,7 +34,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from dpcourse.comm.calls import WAITED
+from dpcourse.comm.cases import WAITED
 from dpcourse.comm.recorder import CommOp, CommRecorder
 from dpcourse.grading.routed import BACKEND as ROUTED
 from dpcourse.runtime.inside_rank import to_cpu

@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from dpcourse.backend import rank_device
-from dpcourse.comm.calls import WAITED
+from dpcourse.comm.cases import WAITED
 from dpcourse.comm.recorder import CommOp, CommRecorder, ForbiddenCollective
 from dpcourse.runtime.inside_rank import to_cpu
 from dpcourse.runtime.launcher import launch, launch_options, observed_traffic
