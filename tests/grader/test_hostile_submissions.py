@@ -448,6 +448,171 @@ def test_ranks_get_only_their_own_inputs_and_made_up_messages_fail(tmp_path):
     assert "not made of data" in message and "rank" in message, message
 
 
+# The frame oracle: a learner's function that looks through its callers' frames for the case it is run on
+# (every rank's inputs), computes its answer alone -- in a thread of its own, out of sight of the rank's
+# recorder, FLOP counter and memory probe -- and sends zeros of the right sizes in the right pattern. At
+# 448640b it scored notebook 12's automatic points in full (issue 29); the case runner sends each rank its
+# own part only, so it finds nothing to compute from, and while graded its zeros are replayed against what
+# the rank had (dpcourse.comm.provenance).
+FRAME_ORACLE = '''
+import sys, threading, torch, torch.distributed as dist
+
+
+def _whole_case(*keys):
+    """The first dict (or dict in a list) in a caller's frame that has all `keys`: every rank's inputs."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        values = list(frame.f_locals.values())
+        for value in [frame.f_locals.get("case"), *values]:  # the case being run, before a list of cases
+            for item in (value if isinstance(value, (list, tuple)) else [value]):
+                if isinstance(item, dict) and all(key in item for key in keys):
+                    return item
+        frame = frame.f_back
+    return None
+
+
+def _alone(compute):
+    """compute() in a thread: the rank's dispatch modes (recorder, FLOP counter, memory) never see it."""
+    box = []
+    worker = threading.Thread(target=lambda: box.append(compute()))
+    worker.start()
+    worker.join()
+    return box[0]
+'''
+
+ORACLE_12 = {
+    "ring_attention": FRAME_ORACLE + '''
+def ring_attention(q, k, v, positions, causal=False):
+    """The solution's ring, block for block (the same FLOPs), on K/V taken from the whole case; zeros sent."""
+    from dpcourse.topics.sequence.runs import case_tensors
+    n, me = dist.get_world_size(), dist.get_rank()
+    # the case from its callers' frames, else the visible test's (its seeds are in plain sight)
+    case = _whole_case("shape", "seeds") or dict(shape=(1, 2, 8, 4), seeds=(1, 2, 3))
+    _, K, V = _alone(lambda: case_tensors(case))
+    if K.shape[:2] != k.shape[:2] or K.shape[2] != sum(len(p) for p in positions):
+        K, V = k, v  # not this case: all it has is its own block
+    mine = positions[me]
+    out = torch.zeros_like(q)
+    lse = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype)
+    zeros = torch.zeros((2, *k.shape), dtype=k.dtype)
+    for step in range(n):
+        source = (me - step) % n
+        if step < n - 1:
+            rows = len(positions[(source - 1) % n])
+            incoming = torch.empty((2, *k.shape[:-2], rows, k.shape[-1]), dtype=k.dtype)
+            requests = dist.batch_isend_irecv([dist.P2POp(dist.isend, zeros, (me + 1) % n),
+                                               dist.P2POp(dist.irecv, incoming, (me - 1) % n)])
+        keys = positions[source]
+        kb = _alone(lambda: K.index_select(2, keys)) if K is not k else k  # out of sight of the memory probe
+        vb = _alone(lambda: V.index_select(2, keys)) if V is not v else v
+        r, c = torch.arange(len(mine)), torch.arange(len(keys))
+        if causal:
+            r, c = r[mine >= keys.min()], c[keys <= mine.max()]
+        if len(r) and len(c) and kb.shape[2] == len(keys):
+            block_out, block_lse = attention_block(q[..., r, :], kb[..., c, :], vb[..., c, :], mine[r],
+                                                   keys[c], causal)
+            old = lse[..., r]
+            new = torch.logaddexp(old, block_lse)
+            out[..., r, :] = (out[..., r, :] * torch.exp(old - new).unsqueeze(-1)
+                              + block_out * torch.exp(block_lse - new).unsqueeze(-1))
+            lse[..., r] = new
+        if step < n - 1:
+            for request in requests:
+                request.wait()
+            zeros = torch.zeros_like(incoming)
+    return out
+''',
+    "ulysses_attention": FRAME_ORACLE + '''
+def ulysses_attention(q, k, v, positions, causal=False):
+    from dpcourse.topics.sequence.models import attention
+    from dpcourse.topics.sequence.runs import case_tensors
+    n, me = dist.get_world_size(), dist.get_rank()
+    b, heads, s, d = q.shape
+    if heads % n:
+        raise ValueError(f"{heads} heads cannot be split evenly over {n} ranks")
+    h, sizes = heads // n, [len(p) for p in positions]
+    case = _whole_case("shape", "seeds") or dict(shape=(1, 4, 8, 4), seeds=(1, 2, 3))  # or the visible one
+    out = _alone(lambda: attention(*case_tensors(case), causal=causal).index_select(2, positions[me]))
+    received = torch.empty(sum(b * 3 * h * size * d for size in sizes), dtype=q.dtype)
+    dist.all_to_all_single(received, torch.zeros(3 * q.numel(), dtype=q.dtype),
+                           [b * 3 * h * size * d for size in sizes], [b * 3 * h * s * d] * n)
+    mine = torch.empty(n * b * h * s * d, dtype=q.dtype)
+    dist.all_to_all_single(mine, torch.zeros(sum(b * h * size * d for size in sizes), dtype=q.dtype),
+                           [b * h * s * d] * n, [b * h * size * d for size in sizes])
+    return out.to(q.dtype)
+''',
+    "reduce_scatter_sequence": FRAME_ORACLE + '''
+def reduce_scatter_sequence(x, group=None):
+    return ReduceScatterSequence.apply(x, group)
+
+
+def _visible():
+    """The visible test's inputs, in plain sight in the notebook."""
+    from dpcourse.topics.sequence.models import inputs
+    return dict(inputs=[inputs((6, 2, 3), seed=40 + r) for r in range(2)],
+                grads=[inputs((3, 2, 3), seed=50 + r) for r in range(2)])
+
+
+VISIBLE = _visible()
+
+
+def _members(group):
+    return dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
+
+
+class ReduceScatterSequence(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        n, r = dist.get_world_size(group), dist.get_rank(group)
+        if x.shape[0] % n:
+            raise ValueError(f"a sequence of {x.shape[0]} cannot be split evenly over {n} ranks")
+        out = torch.empty((x.shape[0] // n, *x.shape[1:]), dtype=x.dtype)
+        dist.reduce_scatter_single(out, torch.zeros_like(x), group=group)
+        case = _whole_case("inputs", "grads") or VISIBLE
+        return _alone(lambda: sum(case["inputs"][m].to(x.dtype) for m in _members(group)).chunk(n)[r].clone())
+
+    @staticmethod
+    def backward(ctx, grad):
+        n = dist.get_world_size(ctx.group)
+        out = torch.empty((n * grad.shape[0], *grad.shape[1:]), dtype=grad.dtype)
+        dist.all_gather_single(out, torch.zeros_like(grad.contiguous()), group=ctx.group)
+        case = _whole_case("inputs", "grads") or VISIBLE
+        return torch.cat([case["grads"][m].to(grad.dtype) for m in _members(ctx.group)]), None
+''',
+}
+
+# assignment: (the oracle's cells, the test cells it must lose)
+ORACLES = {
+    "12_sequence_and_experts": (ORACLE_12, [
+        "test_ring_attention_basic", "test_ring_attention_causal", "test_ring_attention_work",
+        "test_ulysses_attention_basic", "test_ulysses_attention_uneven", "test_reduce_scatter_sequence_basic",
+        "test_reduce_scatter_sequence_groups"]),
+}
+
+
+# cells where the oracle, finding no case in its callers' frames, guesses the visible test's inputs (their
+# seeds are in plain sight), computes the right answer alone and is caught by the replay of its zeros
+REPLAYED = {
+    "12_sequence_and_experts": ["test_ring_attention_basic", "test_ulysses_attention_basic",
+                                "test_reduce_scatter_sequence_basic"],
+}
+
+
+@pytest.mark.parametrize("assignment", sorted(ORACLES), ids=lambda a: a.split("_", 1)[1])
+def test_a_rank_that_reads_its_peers_inputs_from_its_callers_and_sends_zeros_loses(assignment, tmp_path):
+    """The frame oracle (FRAME_ORACLE) against every chapter with point-to-point or collective exercises:
+    each rank is sent its own part only (dpcourse.comm.cases), so the answer it computes alone is wrong, or
+    its zeros are caught by the replay of what it had. Every cell it is run on is lost."""
+    cells, only = ORACLES[assignment]
+    path = notebook(assignment, "solutions", cells, tmp_path, "oracle")
+    verdicts = judge(assignment, [path], only)[str(path)]
+    won = {grade_id: verdicts[grade_id]["evalue"] for grade_id in only if verdicts[grade_id]["passed"]}
+    assert not won, won
+    for grade_id in REPLAYED.get(assignment, ()):  # the visible test's inputs guessed: the replay catches it
+        assert "not made of data" in verdicts[grade_id]["evalue"], (grade_id, verdicts[grade_id]["evalue"])
+
+
 HIDDEN_COPIES = '''
 _ShardedBase = ShardedOptimizer
 class ShardedOptimizer(_ShardedBase):

@@ -462,14 +462,13 @@ def _phases(ops, starts):
 
 
 def _raise_raised(runs, reports, world_size, stopped):
-    """A learner's exception: the launch error of the lowest rank whose code raised, at once."""
-    raised = {}
+    """A learner's exception: the launch error of the first case in which a rank's code raised, blaming
+    the lowest rank that raised in it, at once."""
     for case_runs in runs:
-        for run in case_runs:
-            if run.failure is not None and run.failure[0] == "raised" and run.rank not in raised:
-                raised[run.rank] = (run.rank, *run.failure[1:])
-    if raised:
-        raise reported_failure(world_size, list(raised.values()), stopped)
+        raised = [(run.rank, *run.failure[1:]) for run in case_runs
+                  if run.failure is not None and run.failure[0] == "raised"]
+        if raised:
+            raise reported_failure(world_size, raised, stopped)
 
 
 def agree_with_router(runs, traffic, exercise, failed):

@@ -296,6 +296,13 @@ def _in_user_code(frames):
                     or "/dpcourse/" in f["path"]) for f in frames)
 
 
+def blocked_in_communication(r):
+    """True when a rank's stack dump shows it waiting in a communication call (the launcher stops waiting
+    for its report once a peer has failed)."""
+    frames = _stack(r)
+    return bool(frames) and _in_communication(frames)
+
+
 def _in_communication(frames):
     for f in frames:
         if "torch/distributed/" in f["path"] or "dpcourse/grading/routed.py" in f["path"]:
