@@ -33,9 +33,10 @@ What it guarantees, made here once:
    case, which phase: `RankContext.phase`); its calls, in order, must be the router's (a failed case
    may have recorded one call more, which the router refused before logging it, a message to itself
    say), and then every record is replaced by the router's (bytes, peers, groups as the router saw
-   them). Why this policy and not "compare only": the records checks count must be ones the learner's
-   code cannot touch; why not "replace only": a call hidden from the recorder would shift every later
-   call into the wrong case or phase, so a disagreement is an error of its own. Barriers carry no
+   them; a refused trailing call stays as the rank recorded it). Why this policy and not "compare
+   only": the records checks count must be ones the learner's code cannot touch; why not "replace
+   only": a call hidden from the recorder would shift every later call into the wrong case or phase,
+   so a disagreement is an error of its own. Barriers carry no
    data and are left out on both sides (the launcher and some runners use them).
 4. **How values were reached is replayed** where they could be computed without the messages (test
    inputs can be guessed): a case's `replay` (dpcourse.comm.provenance: `Sums`, `Copies`) is run,
@@ -55,7 +56,7 @@ import torch
 import torch.distributed as dist
 
 from dpcourse.comm.recorder import CommOp, CommRecorder, ForbiddenCollective, PeerError
-from dpcourse.runtime.failures import reported_failure
+from dpcourse.runtime.failures import LaunchError, reported_failure
 from dpcourse.runtime.inside_rank import to_cpu
 from dpcourse.runtime.launcher import (
     STOP_LAUNCH,
@@ -74,6 +75,7 @@ from dpcourse.runtime.timeouts import TIMEOUTS
 WAITED = re.compile(r"timed out|timeout|closed by peer|connection reset|broken pipe|connection closed"
                     r"|socket closed|connection refused", re.I)
 UNPHASED = "call"  # the phase of calls made before a per-case function names one
+SETUP = "setup"  # a phase of the scaffolding's own calls (DDP's start-up): launch_run leaves them out
 
 
 # --------------------------------------------------------------------------- cases (caller side)
@@ -142,7 +144,7 @@ class RankRun:
     values: dict = field(default_factory=dict)  # what its per-case function reported (plain values)
     ops: list = field(default_factory=list)  # CommOp records of the whole case (the router's while graded)
     phases: dict = field(default_factory=dict)  # phase name -> its CommOp records, in order
-    failure: tuple | None = None  # (kind, text): "raised", "stuck", "forbidden", "bad_peer"; None
+    failure: tuple | None = None  # (kind, text): "raised", "stuck", "forbidden", "bad_peer", "ended"; None
     observed: dict | None = None  # what the per-case function watched (reported even when it failed)
     memory: dict | None = None  # while graded with memory measured: what the rank's zygote measured
 
@@ -224,7 +226,10 @@ class RankContext:
       observe: () -> dict of plain values, reported even when the case failed;
       where: () -> a few words on where the rank was in its work ("stage 1, after the forward of
         micro-batch 2"), for the message of a failure; hint: (exception) -> a sentence added to it;
-      not_written: what a NotImplementedError from the learner's code reports (default: its own text).
+      not_written: what a NotImplementedError from the learner's code reports (default: its own text);
+      ended: a few words, when the case ended in an error the per-case function reported in its own
+        values (a step that raised, for its checks to explain): the rank's cases stop there, as after
+        any failure (its peers would not match the next case's calls).
     """
 
     def __init__(self, case, group, group_members, exercise, p2p_only):
@@ -235,7 +240,7 @@ class RankContext:
         self.label = case.label or exercise
         self.recorder = CommRecorder(p2p_only=p2p_only, exercise=exercise)
         self.phase_starts = []
-        self.observe = self.where = self.hint = self.not_written = None
+        self.observe = self.where = self.hint = self.not_written = self.ended = None
 
     @property
     def group_kwargs(self):
@@ -293,6 +298,8 @@ def rank_loop(per_case, learner, cases, exercise, p2p_only):
                 report["values"] = per_case(learner, case.part, ctx)
         except Exception as exc:  # noqa: BLE001 - every failure is reported, for the caller to blame
             report["failure"] = _failure_of(exc, ctx)
+        if ctx.ended is not None and not report.get("failure"):
+            report["failure"] = ["ended", str(ctx.ended)]
         if ctx.observe is not None:
             report["observed"] = to_cpu(ctx.observe())
         report["values"] = to_cpu(report.get("values") or {})
@@ -474,7 +481,8 @@ def _raise_raised(runs, reports, world_size, stopped):
 def agree_with_router(runs, traffic, exercise, failed):
     """While graded (traffic: per rank the router's CommOps of the launch): each rank's recorded calls,
     in order over the cases, must be the router's, and then become the router's (see the module
-    docstring, 3). A failed case may have recorded one trailing call the router never logged."""
+    docstring, 3). A failed case may have recorded one trailing call the router never logged: it stays
+    as the rank recorded it (what the rank tried is the checks' best clue)."""
     if traffic is None:
         for case_runs in runs:
             for run in case_runs:
@@ -496,8 +504,10 @@ def agree_with_router(runs, traffic, exercise, failed):
                 f"torch.distributed where the recorder sees it")
         at = 0
         for run, ops in mine:
-            _set_ops(run, routed[at:at + len(ops)])
+            taken = routed[at:at + len(ops)]
             at += len(ops)
+            # the call the router refused before logging it (a message to itself) stays as recorded
+            _set_ops(run, taken + ops[len(taken):])
 
 
 def _set_ops(run, ops):
@@ -569,6 +579,40 @@ def case_events(case_runs, flow):
             calls.setdefault((o.group, k), {})[run.rank] = o
     ordered = sorted(calls.items(), key=lambda item: min(o.start for o in item[1].values()))
     return events + [("collective", group, ops) for (group, _), ops in ordered]
+
+
+# --------------------------------------------------------------------------- one run of a few steps
+
+def splits(case_of):
+    """Declare how the arguments of a run are split into its Case: `case_of(world_size, *args, **kwargs)`
+    (caller side) says what each rank is sent; the decorated per-case function runs it in the rank.
+    Such a run is started with `launch_run`. Used by notebooks 10 and 11, whose runs train a few steps."""
+    def mark(per_case):
+        per_case.case_of = case_of
+        return per_case
+    return mark
+
+
+def launch_run(run, world_size, learner, *args, explain=None, group_timeout=TIMEOUTS["test_group"],
+               deadline=None, **kwargs):
+    """Run `run` (a per-case function declared with `splits`) once on world_size ranks, each sent its part
+    of run.case_of(world_size, *args, **kwargs); one dict per rank: what the rank's run returned, and
+    under "ops" every call it made (the router's while graded) but those of a "setup" phase.
+
+    A rank whose code raised, or a case that could not finish (a deadlock), becomes an AssertionError whose
+    first line says which exercise on how many ranks, then what happened, then `explain(error)` (a
+    diagnosis, or "")."""
+    name = getattr(learner, "name", None) or getattr(learner, "__name__", "your code")
+    case = run.case_of(world_size, *args, **kwargs)
+    try:
+        (runs,) = run_cases(run, learner, world_size, [case], exercise=name, group_timeout=group_timeout,
+                            deadline=deadline)
+    except LaunchError as error:
+        first, _, rest = str(error).partition("\n")
+        hint = explain(error) if explain is not None else ""
+        raise AssertionError(f"{name} on {world_size} rank(s): {first}{hint}\n{rest}") from None
+    return [dict(r.values, ops=[o for name, ops in r.phases.items() if name != SETUP for o in ops])
+            for r in runs]
 
 
 # --------------------------------------------------------------------------- deadlock advice

@@ -33,6 +33,13 @@ def tensor_or_none(value):
     return value.detach().clone() if isinstance(value, torch.Tensor) else None
 
 
+def parameters_of(module):
+    """{"params": the module's parameters, "grads": their gradients (None: none)}, by name, as plain
+    copies: what a rank reports of the learner's module after a case (08, 12)."""
+    return {"params": {n: p.detach().clone() for n, p in module.named_parameters()},
+            "grads": {n: tensor_or_none(p.grad) for n, p in module.named_parameters()}}
+
+
 def backward_of(report, output, dy, ctx):
     """output.backward(dy) in phase "backward"; what happened goes into the report (and dy, if the
     backward changed the gradient it was handed in place). Used by the per-case functions of 08 and 12."""

@@ -100,6 +100,7 @@ class Replay:
     comm.cases.case_events) and the final values; a model says what is known and what may be sent."""
 
     finals = ()
+    only = None  # which events are replayed: only(event) -> bool (None: all of them)
 
     def check(self, runs, events, what):
         """Raise an AssertionError unless every message, every part put into a collective and every
@@ -108,6 +109,8 @@ class Replay:
             return
         explained = {}
         for event in events:
+            if self.only is not None and not self.only(event):
+                continue
             if event[0] == "post":
                 _, src, dst, message, tensor = event
                 found = self.explain(src, tensor)
@@ -283,10 +286,12 @@ class Copies(Replay):
     the check, e.g. attention's output on the heads it owns) once it knows every input element `needs`
     names ({input rank: a boolean mask over that rank's flat inputs}, or None: from the start).
     finals: names of the values (RankRun.values) every element of which must be known at the end.
+    slack: elements of a message that may be none of these (the zeros that pad a shard to ⌈S/N⌉).
+    only: only(event) -> bool, the events replayed (see comm.cases.case_events); None: all.
     """
 
-    def __init__(self, inputs, derived=None, finals=()):
-        self.finals = tuple(finals)
+    def __init__(self, inputs, derived=None, finals=(), slack=0, only=None):
+        self.finals, self.slack, self.only = tuple(finals), slack, only
         present = [x for x in inputs if x is not None]
         self.dtype = _dtype(present[0]) if present else torch.float64
         self.atol, self.rtol = TOLERANCES.get(self.dtype, TOLERANCES[torch.float64])
@@ -350,7 +355,10 @@ class Copies(Replay):
         self._unlock(rank)
         lo, hi = self._ranges(values)
         known = torch.cat([torch.zeros(1, dtype=torch.int64), self.known[rank].long().cumsum(0)])
-        return (lo, hi) if bool(((known[hi] - known[lo]) > 0).all()) else None
+        found = (known[hi] - known[lo]) > 0
+        if int((~found).sum()) > min(self.slack, values.numel() - 1):
+            return None
+        return lo[found], hi[found]
 
     def learn(self, rank, explained):
         lo, hi = explained

@@ -1,6 +1,6 @@
 """Record (or forbid) every communication call a rank makes, as the dispatcher sees it.
 
-Used by notebooks 03 and 05 directly, and through comm.calls, topics.collectives.ringtrace and
+Used by notebooks 03 and 05 directly, and through comm.cases, topics.collectives.ringtrace and
 topics.ddp.timeline by 03-05 and their hidden checks.
 
     with CommRecorder() as rec:          # inside a rank

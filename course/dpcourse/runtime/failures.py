@@ -49,8 +49,9 @@ def unless_not_written(*names):
     """
     try:
         yield
-    except (NotImplementedError, LaunchError) as error:
-        if isinstance(error, LaunchError) and "NotImplementedError" not in str(error):
+    except (NotImplementedError, LaunchError, AssertionError) as error:
+        # launch_run (dpcourse.comm.cases) words a rank's exception as an AssertionError
+        if not isinstance(error, NotImplementedError) and "raised NotImplementedError" not in str(error):
             raise
         print(f"{' or '.join(names)} {'is' if len(names) == 1 else 'are'} not written yet")
 

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from dpcourse.backend import rank_device
 from dpcourse.comm.cases import Case, run_cases
-from dpcourse.comm.operators import tensor_or_none
+from dpcourse.comm.operators import parameters_of, tensor_or_none
 from dpcourse.runtime.timeouts import TIMEOUTS
 from dpcourse.topics.experts.models import mixture
 
@@ -71,9 +71,7 @@ def moe_case(cls, part, ctx):
                                f"backward. {BACKWARD_ADVICE}") from exc
         raise
     report["input_grad"] = tensor_or_none(x.grad)
-    report["params"] = {n: p.detach().clone() for n, p in layer.named_parameters()}
-    report["grads"] = {n: tensor_or_none(p.grad) for n, p in layer.named_parameters()}
-    return report
+    return {**report, **parameters_of(layer)}
 
 
 def run_moe_cases(cls, world_size, cases, *, exercise, group_timeout=TIMEOUTS["p2p_deadlock"], deadline=None):

@@ -36,7 +36,7 @@ import torch
 
 from dpcourse.backend import rank_device
 from dpcourse.comm.cases import Case, members_of, run_cases
-from dpcourse.comm.operators import backward_of, run_operator_cases, tensor_or_none
+from dpcourse.comm.operators import backward_of, parameters_of, run_operator_cases, tensor_or_none
 from dpcourse.comm.provenance import Copies
 from dpcourse.topics.sequence.measure import LayerNormBytes, PeakMemory, StepRecorder
 from dpcourse.topics.sequence.models import (
@@ -73,9 +73,7 @@ def block_case(cls, part, ctx):
     report = {"output": tensor_or_none(output), "saved": saved.nbytes, "saved_shapes": saved.shapes}
     backward_of(report, output, dy, ctx)
     report["input_grad"] = tensor_or_none(x.grad)
-    report["params"] = {n: p.detach().clone() for n, p in module.named_parameters()}
-    report["grads"] = {n: tensor_or_none(p.grad) for n, p in module.named_parameters()}
-    return report
+    return {**report, **parameters_of(module)}
 
 
 def block_case_of(case, world_size):

@@ -1,6 +1,6 @@
 """Judge notebook 10's ZeRO exercises from the plain results of dpcourse.topics.zero.runs.
 
-    results = launch(zero1_run, 3, ShardedOptimizer, "deep_mlp", 0, 3, 4)
+    results = launch_run(zero1_run, 3, ShardedOptimizer, "deep_mlp", 0, 3, 4)
     expect_zero1(results, "deep_mlp", 0, steps=3, per_rank=4, what="ShardedOptimizer")
 
 Every yardstick is computed here, in the test cell's process, never next to the learner's
