@@ -150,9 +150,9 @@ def test_a_call_hidden_from_the_recorder_is_an_error_and_a_failed_case_may_have_
     traffic = [[routed("all_reduce", 1), routed("all_reduce", 1)]]
     with pytest.raises(AssertionError, match="made 2 communication call.* but recorded 1"):
         agree_with_router(fake_runs([["all_reduce"]]), traffic, "x", [False])
-    runs = fake_runs([["all_reduce", "all_reduce", "send"]], failed_last=True)  # the router refused the send
+    runs = fake_runs([["all_reduce", "all_reduce", "send"]], failed_last=True)  # the router refused it
     agree_with_router(runs, traffic, "x", [True])
-    assert len(runs[0][0].ops) == 2
+    assert [o.op for o in runs[0][0].ops] == ["all_reduce", "all_reduce", "send"]  # refused: as recorded
     with pytest.raises(AssertionError, match="but recorded 3"):
         agree_with_router(fake_runs([["all_reduce", "all_reduce", "send"]]), traffic, "x", [False])
 

@@ -33,9 +33,9 @@ import torch
 from dpcourse.backend import rank_device
 from dpcourse.comm.cases import Case, members_of, run_cases
 from dpcourse.comm.operators import backward_of, parameters_of, run_operator_cases, tensor_or_none
+from dpcourse.reference.shards import row_shard
 from dpcourse.runtime.timeouts import TIMEOUTS
 from dpcourse.topics.tensor import models
-from dpcourse.topics.tensor.shards import row_shard
 
 __all__ = ["BUILDERS", "run_operator_cases", "run_module_cases", "run_training"]
 
