@@ -22,6 +22,7 @@ import nbformat
 import pytest
 
 from conftest import REPO, descendants_of
+from dpgrader.chapters import chapter_of
 from dpgrader.planted import solution_code
 
 pytestmark = pytest.mark.slow
@@ -768,7 +769,7 @@ REPLAYED = {
 }
 
 
-@pytest.mark.parametrize("assignment", sorted(ORACLES), ids=lambda a: a.split("_", 1)[1])
+@pytest.mark.parametrize("assignment", sorted(ORACLES), ids=chapter_of)
 def test_a_rank_that_reads_its_peers_inputs_from_its_callers_and_sends_zeros_loses(assignment, tmp_path):
     """The frame oracle (FRAME_ORACLE) against every chapter with point-to-point or collective exercises:
     each rank is sent its own part only (dpcourse.comm.cases), so the answer it computes alone is wrong, or
