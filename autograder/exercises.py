@@ -32,6 +32,8 @@ from pathlib import Path
 
 import nbformat
 
+from dpgrader.chapters import chapter_of
+
 REPO = Path(__file__).resolve().parent.parent
 INDEX = REPO / "autograder" / "exercises.json"
 AUTOGRADER = REPO / "autograder"
@@ -84,7 +86,7 @@ def exercises_of(path):
             current["demo_sources"].append(cell.source)
     rel = path.relative_to(REPO).as_posix()
     assignment = path.parent.name
-    chapter = assignment.split("_", 1)[1]
+    chapter = chapter_of(assignment)
     grader = DPGRADER / chapter
     bugs, refs, tuned = planted_bugs(assignment), references(), tuned_versions(chapter)
     out = []
@@ -180,7 +182,7 @@ def planted_bugs(assignment):
 
     The module is imported (as the grading test does), so bugs built by helper functions count too.
     """
-    path = DPGRADER / assignment.split("_", 1)[1] / "bugs.py"
+    path = DPGRADER / chapter_of(assignment) / "bugs.py"
     if not path.exists():
         return {}
     sys.path.insert(0, str(AUTOGRADER))

@@ -13,9 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from dpgrader.chapters import chapter_of
+
 INDEX = json.loads((Path(__file__).resolve().parent.parent / "autograder" / "exercises.json").read_text())
 ASSIGNMENT_OF = {e["solution"]: e["assignment"] for e in INDEX}
-CHAPTERS = sorted({a.split("_", 1)[1] for a in ASSIGNMENT_OF.values()})
+CHAPTERS = sorted({chapter_of(a) for a in ASSIGNMENT_OF.values()})
 
 
 def register(config):
@@ -30,7 +32,7 @@ def exercise(*keys):
     unknown = [k for k in keys if k not in ASSIGNMENT_OF]
     if unknown:
         raise ValueError(f"no exercise {unknown} in autograder/exercises.json")
-    chapters = sorted({ASSIGNMENT_OF[k].split("_", 1)[1] for k in keys})
+    chapters = sorted({chapter_of(ASSIGNMENT_OF[k]) for k in keys})
     return MarkList([getattr(pytest.mark, name) for name in (*keys, *chapters)])
 
 
@@ -53,7 +55,7 @@ class MarkList(list):
 
 def assignment_param(assignment):
     """A test about a whole assignment (its notebook run, validated, released), tagged with its chapter."""
-    return pytest.param(assignment, marks=chapter(assignment.split("_", 1)[1]), id=assignment)
+    return pytest.param(assignment, marks=chapter(chapter_of(assignment)), id=assignment)
 
 
 def exercise_param(assignment, key):

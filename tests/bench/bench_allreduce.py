@@ -32,7 +32,8 @@ from pathlib import Path
 import torch.distributed as dist
 
 from dpcourse import launch
-from dpcourse.topics.collectives.costmodel import busbw, format_bytes, plot_bandwidth, time_all_reduces
+from dpcourse.topics.collectives.costmodel import busbw, plot_bandwidth, time_all_reduces
+from dpcourse.viz.tables import format_bytes
 from dpgrader.ring_allreduce.tuned import naive_all_reduce, ring_all_reduce, textbook_ring_all_reduce
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench-results"

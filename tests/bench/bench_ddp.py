@@ -19,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "autograder"))
 
-from dpcourse.topics.ddp.bench import compare_step_times, print_ratios  # noqa: E402
+from dpcourse.toys.bench import compare_step_times, print_ratios  # noqa: E402
 from dpgrader.ddp_from_scratch.tuned import ReferenceDDP  # noqa: E402
 
 DEPTH, WIDTH, PER_RANK = 8, 1024, 64

@@ -30,7 +30,10 @@ PER_NOTEBOOK_TARGET, PER_LEARNER_TARGET = 10.0, 90.0
 
 
 def assignments():
-    return sorted(p.name for p in (REPO / "solutions").glob("[0-9]*") if p.is_dir())
+    sys.path.insert(0, str(AUTOGRADER))
+    from dpgrader.chapters import assignments as every
+
+    return every(REPO)
 
 
 def notebook_of(assignment):

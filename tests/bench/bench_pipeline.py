@@ -29,12 +29,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "autograder"))
 
 from dpcourse import launch  # noqa: E402
-from dpcourse.topics.ddp.bench import paired_ratios  # noqa: E402
 from dpcourse.topics.pipeline.bench import pipeline_step_times, torch_runner  # noqa: E402
 from dpcourse.topics.pipeline.runner import PipelineCase, run_pipeline  # noqa: E402
 from dpcourse.topics.pipeline.schedules import bubble_fraction  # noqa: E402
 from dpcourse.topics.pipeline.stages import layer_stack  # noqa: E402
 from dpcourse.topics.pipeline.timeline import measured_bubble, stage_timelines, typical_durations  # noqa: E402
+from dpcourse.toys.bench import paired_ratios  # noqa: E402
 from dpgrader.pipeline_parallelism.checks import reference_one_f_one_b  # noqa: E402
 from dpgrader.pipeline_parallelism.tuned import TunedOneFOneB  # noqa: E402
 

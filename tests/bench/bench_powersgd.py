@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "autograder"))
 
 from dpcourse.topics.compression.bench import compare_hooks  # noqa: E402
-from dpcourse.topics.ddp.bench import print_ratios  # noqa: E402
+from dpcourse.toys.bench import print_ratios  # noqa: E402
 from dpgrader.less_communication.tuned import TunedPowerSGDState, tuned_powersgd_hook  # noqa: E402
 
 DEPTH, WIDTH, PER_RANK, RANK = 6, 1024, 32, 4

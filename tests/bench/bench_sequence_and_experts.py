@@ -29,9 +29,9 @@ import torch.distributed as dist  # noqa: E402
 
 from dpcourse import launch  # noqa: E402
 from dpcourse.runtime.timing import interleaved_step_times  # noqa: E402
-from dpcourse.topics.ddp.bench import paired_ratios  # noqa: E402
 from dpcourse.topics.experts.models import dense_twin, mixture  # noqa: E402
 from dpcourse.topics.sequence.models import head_tail_positions, inputs  # noqa: E402
+from dpcourse.toys.bench import paired_ratios  # noqa: E402
 from dpgrader.sequence_and_experts import tuned as reference  # noqa: E402
 
 SEQ, HEADS, D_HEAD = 2048, 4, 32

@@ -17,9 +17,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "autograder"))
 
-from dpcourse.topics.ddp.bench import print_ratios  # noqa: E402
 from dpcourse.topics.tensor.bench import compare_tp_step_times  # noqa: E402
 from dpcourse.topics.tensor.realapi import parallelize_mlp, tp_mesh  # noqa: E402
+from dpcourse.toys.bench import print_ratios  # noqa: E402
 from dpgrader.tensor_parallelism.tuned import TensorParallelMLP  # noqa: E402
 
 D_MODEL, D_HIDDEN, TOKENS = 1024, 4096, 512

@@ -15,8 +15,9 @@ import sys
 import nbformat
 
 from conftest import REPO
+from dpgrader.chapters import assignments, chapter_of
 
-ASSIGNMENTS = sorted(p.name for p in (REPO / "solutions").glob("[0-9]*") if p.is_dir())
+ASSIGNMENTS = assignments()
 DPGRADER = REPO / "autograder" / "dpgrader"
 # Parts of a message that change from run to run, and what they are compared as
 VOLATILE = [
@@ -84,11 +85,6 @@ def solution_path(assignment):
 
 def released_path(assignment):
     return REPO / "course" / assignment / notebook_name(assignment)
-
-
-def chapter_of(assignment):
-    """The chapter's name, as its grader package is named: 04_ring_allreduce -> ring_allreduce."""
-    return assignment.split("_", 1)[1]
 
 
 def expected_grades_path(assignment):

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 from conftest import REPO
+from dpgrader.chapters import chapter_of
 
 INDEX = json.loads((REPO / "autograder" / "exercises.json").read_text())
 CODE = [e for e in INDEX if e["kind"] == "code"]
@@ -47,7 +48,7 @@ def test_each_chapter_keeps_its_grader_side_in_one_package():
     """checks, planted bugs and recorded grades of every chapter in autograder/dpgrader/<chapter>/."""
     missing = []
     for assignment in sorted({e["assignment"] for e in INDEX}):
-        home = REPO / "autograder" / "dpgrader" / assignment.split("_", 1)[1]
+        home = REPO / "autograder" / "dpgrader" / chapter_of(assignment)
         missing += [f"{home.relative_to(REPO)}/{name}" for name in ("checks.py", "bugs.py",
                                                                      "expected_grades.json")
                     if not (home / name).exists()]

@@ -7,7 +7,7 @@ import torch.distributed as dist
 
 from dpcourse import launch
 from dpcourse.comm.recorder import CommOp, CommRecorder
-from dpcourse.comm.volume import bytes_sent, ring_bytes, volume_by_op
+from dpcourse.comm.volume import all_to_all_traffic, bytes_sent, ring_bytes, volume_by_op
 
 
 def op(name, nbytes, group=(0, 1, 2, 3)):
@@ -27,10 +27,17 @@ def test_ring_bytes_of_each_collective():
 
 
 def test_unknown_ops_and_missing_groups_are_refused():
-    with pytest.raises(ValueError, match="no ring traffic model for 'all_to_all'"):
-        ring_bytes(op("all_to_all", 8))
+    with pytest.raises(ValueError, match="no ring traffic model for 'gather'"):
+        ring_bytes(op("gather", 8))
     with pytest.raises(ValueError, match="pass world_size"):
         ring_bytes(op("all_reduce", 8, group=None))
+
+
+def test_an_all_to_all_sends_all_but_its_own_share():
+    """Each rank keeps 1/N of its input and sends the rest, one message per peer (notebook 12's Ulysses and
+    experts price theirs with all_to_all_traffic)."""
+    assert ring_bytes(op("all_to_all_single", 800)) == 600.0  # a group of 4: (N-1)/N of the input
+    assert all_to_all_traffic(800, 4, calls=2) == (6, 600.0) and all_to_all_traffic(800, 1) == (0, 0.0)
 
 
 def test_totals_by_op():

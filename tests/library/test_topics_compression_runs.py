@@ -5,6 +5,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from dpcourse import launch
 from dpcourse.topics.compression.data import TASK_MODEL, dyadic_gradients
 from dpcourse.topics.compression.runs import (
     async_run,
@@ -104,7 +105,7 @@ def test_async_run_hands_every_rank_the_whole_schedule():
 
 @exercise("powersgd_hook")
 def test_ddp_rebuilds_its_buckets_after_the_first_step():
-    seen = launch_run(bucket_orders, 2, TASK_MODEL)[0]
+    seen = launch(bucket_orders, 2, TASK_MODEL)[0]   # a demo's helper: every rank the same arguments
     first = [names for step, _, names in seen if step == 0][0]
     later = [names for step, _, names in seen if step == 1][0]
     assert first[0] == "fc0.weight" and later[0] == "head.bias" and sorted(first) == sorted(later)
@@ -112,4 +113,4 @@ def test_ddp_rebuilds_its_buckets_after_the_first_step():
 
 @exercise("local_sgd")
 def test_periodic_model_averager_averages_after_steps_1_then_every_period():
-    assert launch_run(averager_steps, 2, 3, 7, TASK_MODEL)[0]["averaged_after"] == [1, 4, 7]
+    assert launch(averager_steps, 2, 3, 7, TASK_MODEL)[0]["averaged_after"] == [1, 4, 7]

@@ -6,14 +6,8 @@ import pytest
 import torch.distributed as dist
 
 from dpcourse import LaunchError, launch
-from dpcourse.topics.collectives.costmodel import (
-    busbw,
-    fit_alpha_beta,
-    messages_and_bytes,
-    predicted_time,
-    print_bandwidth,
-    time_all_reduces,
-)
+from dpcourse.comm.volume import messages_and_bytes, predicted_time
+from dpcourse.topics.collectives.costmodel import busbw, fit_alpha_beta, print_bandwidth, time_all_reduces
 from markers import chapter, exercise
 
 

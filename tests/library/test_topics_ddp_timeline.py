@@ -1,4 +1,4 @@
-"""dpcourse.topics.ddp.timeline and dpcourse.topics.ddp.bench, on the reference bucketed DDP (grader side)."""
+"""dpcourse.topics.ddp.timeline and dpcourse.toys.bench, on the reference bucketed DDP (grader side)."""
 
 import matplotlib
 import torch
@@ -6,13 +6,13 @@ import torch
 matplotlib.use("Agg")
 
 from dpcourse import launch  # noqa: E402
-from dpcourse.topics.ddp.bench import compare_step_times, paired_ratios, print_ratios  # noqa: E402
 from dpcourse.topics.ddp.timeline import (  # noqa: E402
     exposed_communication,
     plot_timeline,
     record_timelines,
     timeline_explorer,
 )
+from dpcourse.toys.bench import compare_step_times, paired_ratios, print_ratios  # noqa: E402
 from dpcourse.toys.models import deep_mlp  # noqa: E402
 from dpgrader.ddp_from_scratch.checks import expected_buckets  # noqa: E402
 from dpgrader.ddp_from_scratch.tuned import ReferenceDDP  # noqa: E402

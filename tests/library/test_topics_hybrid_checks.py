@@ -134,10 +134,14 @@ def test_an_exception_in_a_step_is_reported_with_its_rank_and_step():
 
 @exercise("make_grid_groups", "hybrid_dp_tp_step", "hybrid_dp_pp_step")
 def test_a_demo_re_raises_the_first_failed_rank():
-    from dpcourse.topics.hybrid.runs import HybridRun, raise_failure
+    from dpcourse.comm.cases import RankRun
+    from dpcourse.topics.hybrid.runs import DEFAULTS, raise_failure
 
-    raise_failure([HybridRun(0), HybridRun(1)])                   # nothing failed: nothing raised
+    def run(rank, **values):
+        return RankRun(rank, (0, 1), values={**DEFAULTS, **values})
+
+    raise_failure([run(0), run(1)])                               # nothing failed: nothing raised
     with pytest.raises(NotImplementedError):
         raise_failure([{"error": None}, {"error": "NotImplementedError: "}])
     with pytest.raises(RuntimeError, match="rank 1: ValueError: bad"):
-        raise_failure([HybridRun(0), HybridRun(1, error="ValueError: bad")])
+        raise_failure([run(0), run(1, error="ValueError: bad")])

@@ -18,6 +18,7 @@ from dpcourse.topics.hybrid.grid import mesh_grid  # noqa: E402
 from dpcourse.topics.hybrid.models import dp_tp_model, placement, tensor_parallel_copy  # noqa: E402
 from dpcourse.topics.hybrid.pictures import draw_grid, plot_strategies, strategies  # noqa: E402
 from dpcourse.topics.hybrid.traffic import dp_pp_bytes, dp_tp_bytes, local_parameters  # noqa: E402
+from dpcourse.toys import clusters  # noqa: E402
 from dpgrader.hybrid_parallelism.checks import best_layout  # noqa: E402
 from markers import exercise  # noqa: E402
 
@@ -26,7 +27,7 @@ MODEL = dict(params=1.2e9, layers=8, hidden=2048, heads=16, seq=1024, batch=32)
 
 @exercise("plan")
 def test_predict_by_hand_for_dp2_tp4_pp1():
-    cl = costs.cluster(nodes=2, gpus_per_node=4)
+    cl = clusters.cluster(nodes=2, gpus_per_node=4)
     p = costs.predict(MODEL, cl, dp=2, tp=4, pp=1, micro=2)
     b, e = 8, 2
     compute = 6 * 1.2e9 * b * 1024 / (4 * 140e12)
@@ -42,11 +43,11 @@ def test_predict_by_hand_for_dp2_tp4_pp1():
 
 @exercise("plan")
 def test_pipeline_bubble_links_recompute_zero_and_overlap():
-    cl = costs.cluster(nodes=2, gpus_per_node=4)
+    cl = clusters.cluster(nodes=2, gpus_per_node=4)
     p = costs.predict(MODEL, cl, dp=1, tp=2, pp=4, micro=32)
     per_micro = (p["compute"] + p["tp_comm"] + p["pp_comm"]) / 32
     assert p["bubble"] == pytest.approx(3 * per_micro)
-    assert costs.link(cl, 8) == (cl["inter_latency"], cl["inter_bandwidth"])   # tp x pp = 8 spans 2 nodes
+    assert clusters.link(cl, 8) == (cl["inter_latency"], cl["inter_bandwidth"])   # tp x pp = 8 spans 2 nodes
     recompute = costs.predict(dict(MODEL, recompute=True), cl, dp=1, tp=2, pp=4, micro=32)
     assert recompute["compute"] == pytest.approx(p["compute"] * 8 / 6)
     assert recompute["activations"] < p["activations"]
@@ -62,14 +63,14 @@ def test_pipeline_bubble_links_recompute_zero_and_overlap():
 @pytest.mark.parametrize("layout, message", [((3, 1, 1, 1), "GPUs"), ((1, 1, 8, 1), "layers"),
                                              ((8, 1, 1, 3), "micro-batches")])
 def test_bad_layouts_are_refused(layout, message):
-    cl = costs.cluster(nodes=2, gpus_per_node=4)
+    cl = clusters.cluster(nodes=2, gpus_per_node=4)
     with pytest.raises(ValueError, match=message):
         costs.predict(dict(MODEL, layers=6), cl, *layout)
 
 
 @exercise("plan")
 def test_plan_checks_accept_the_best_and_name_what_is_wrong():
-    cl = costs.cluster(nodes=2, gpus_per_node=4, memory=6e9)
+    cl = clusters.cluster(nodes=2, gpus_per_node=4, memory=6e9)
     best, least = best_layout(MODEL, cl)
     assert best == dict(dp=1, tp=2, pp=4, micro=32)
     good = dict(best, **{k: costs.predict(MODEL, cl, **best)[k] for k in ("time", "memory")})
@@ -85,7 +86,7 @@ def test_plan_checks_accept_the_best_and_name_what_is_wrong():
     refused = {"error": "ValueError", "message": "no layout fits"}
     with pytest.raises(AssertionError, match=r"but \{'dp': 1, 'tp': 2, 'pp': 4, 'micro': 32\} fits \(3.10"):
         expect_plan(refused, MODEL, cl, best, "plan")
-    tiny = costs.cluster(nodes=2, gpus_per_node=4, memory=2e9)
+    tiny = clusters.cluster(nodes=2, gpus_per_node=4, memory=2e9)
     assert best_layout(MODEL, tiny)[0] is None and smallest_memory(MODEL, tiny) == pytest.approx(least)
     named = {"error": "ValueError", "message": f"needs at least {least / 1e9:.1f} GB"}
     expect_plan_refused(named, MODEL, tiny, "plan")
@@ -123,7 +124,7 @@ def test_pictures_draw():
     reports = [{"sizes": {"dp": 2, "pp": 1, "tp": 2}, "coords": c["coords"], "members": c["members"]}
                for c in expected_grid(2, 2)]
     assert len(draw_grid(reports).axes) == 3
-    cl = costs.cluster()
+    cl = clusters.cluster()
     rows = strategies(costs.GPT_7B, cl, plan=lambda m, c: dict(dp=32, tp=8, pp=1, micro=1))
     assert set(rows) == {"DP", "ZeRO-3", "TP", "PP", "hybrid (your plan)"}
     assert rows["DP"]["memory"] > cl["memory"] and rows["hybrid (your plan)"]["memory"] < cl["memory"]
@@ -132,11 +133,11 @@ def test_pictures_draw():
 
 def test_tp_must_divide_the_hidden_size_and_the_heads():
     model = dict(params=2e8, layers=4, hidden=1024, heads=16, seq=512, batch=12)
-    six = costs.cluster(nodes=1, gpus_per_node=6)
+    six = clusters.cluster(nodes=1, gpus_per_node=6)
     with pytest.raises(ValueError, match="a hidden size of 1024 does not split evenly over tp 3"):
         costs.predict(model, six, 2, 3, 1, 1)
     with pytest.raises(ValueError, match="12 attention heads do not split evenly over tp 8"):
-        costs.predict(dict(model, heads=12), costs.cluster(nodes=1), 1, 8, 1, 1)
+        costs.predict(dict(model, heads=12), clusters.cluster(nodes=1), 1, 8, 1, 1)
     assert costs.tp_splits(dict(model, heads=0), 2) is None  # no attention: the hidden size alone
     assert {tp for _, tp, _, _ in costs.layouts(model, six)} == {1, 2}
     best = costs.fastest(model, six)
@@ -144,7 +145,7 @@ def test_tp_must_divide_the_hidden_size_and_the_heads():
 
 
 def test_the_widget_adds_the_fastest_layout_with_overlap():
-    cl = costs.cluster()
+    cl = clusters.cluster()
     rows = strategies(costs.BERT_LARGE, cl, plan=lambda m, c: dict(dp=32, tp=1, pp=8, micro=128),
                       overlap=True)
     fastest = rows["fastest with overlap (every layout)"]

@@ -349,20 +349,19 @@ def test_schedules_are_compared_in_the_texts_notation_at_the_first_difference():
 
 @exercise("naive_pipeline_step", "gpipe_step", "run_schedule")
 def test_while_graded_a_rank_is_sent_its_own_stage_only():
-    """own_part (comm.calls) with PipelineCase.for_rank: a stage cannot compute another stage's part from
-    what it was handed, only from its neighbours' messages."""
-    from dpcourse.comm.calls import own_part
-    from dpcourse.topics.pipeline.runner import _own_part
+    """The case runner's Case of a pipeline (runner.as_case, PipelineCase.for_rank): a stage cannot compute
+    another stage's part from what it was handed, only from its neighbours' messages."""
+    from dpcourse.topics.pipeline.runner import as_case
 
     case = PipelineCase(MODEL, [0, 2, 5], X, Y, n_micro=2, placement=[2, 0])  # stage 0 on rank 2
     whole = dict(MODEL().named_parameters())
+    runnable = as_case(case, 3)
     for rank, index in ((2, 0), (0, 1)):
-        seen = own_part(dict(pipeline=case, own_part=_own_part), rank)["pipeline"]
+        seen = runnable.for_rank(rank).part
         for name, parameter in seen.make_model().named_parameters():
             mine = case.cuts[index] <= int(name.split(".")[0]) < case.cuts[index + 1]
             assert torch.equal(parameter, whole[name] if mine else torch.zeros_like(parameter)), (rank, name)
         assert torch.equal(seen.batch, X if index == 0 else torch.zeros_like(X))
         assert torch.equal(seen.targets, Y if index == 1 else torch.zeros_like(Y))
         assert seen.widths == case.widths
-    sitting_out = own_part(dict(pipeline=case, own_part=_own_part), 1)["pipeline"]
-    assert sitting_out.make_model() is None and not sitting_out.batch.any()
+    assert runnable.for_rank(1).part is None and runnable.for_rank(1).shared is None  # sits out, sent nothing

@@ -1,6 +1,5 @@
 """dpcourse.topics.sequence.costs: the formulas of notebook 12's planner and written answer."""
 
-from dpcourse.topics.hybrid.costs import cluster
 from dpcourse.topics.sequence.costs import (
     LLAMA_7B_128K,
     activation_bytes,
@@ -9,6 +8,7 @@ from dpcourse.topics.sequence.costs import (
     ring_vs_ulysses,
     traffic,
 )
+from dpcourse.toys.clusters import cluster
 from markers import chapter
 
 pytestmark = chapter("sequence_and_experts")

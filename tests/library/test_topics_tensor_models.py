@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from dpcourse.comm.volume import ring_traffic
+from dpcourse.reference.shards import column_shard, locate_slices, row_shard, shard_bounds
 from dpcourse.topics.tensor.costs import layer_traffic, measured_traffic
 from dpcourse.topics.tensor.models import attend, inputs, linear, mlp, self_attention
-from dpcourse.topics.tensor.shards import column_shard, locate_slices, row_shard, shard_bounds
 from markers import chapter, exercise
 
 

@@ -9,7 +9,7 @@ from float64 sums on this side, never from a solution.
 import torch
 
 from dpcourse.checks.core import expect_equal
-from dpcourse.comm.calls import run_cases
+from dpcourse.comm.p2p import run_p2p_cases
 from dpcourse.comm.traffic import expect_tree_messages
 from dpcourse.topics.collectives.checks import (
     expect_from,
@@ -51,7 +51,7 @@ def _cases(world, kinds, seed=0, **extra):
 def check_ring_shift(ring_shift):
     for world in (1, 2, 3, 5):
         cases = _cases(world, ["float", "int2d"])
-        for case, calls in zip(cases, run_cases(ring_shift, world, cases, exercise="ring_shift"),
+        for case, calls in zip(cases, run_p2p_cases(ring_shift, world, cases, exercise="ring_shift"),
                                strict=True):
             what = f"ring_shift on {case['label']}"
             expect_from(calls, case["inputs"], lambda r, n=world: (r - 1) % n, what)
@@ -79,7 +79,7 @@ def check_naive_all_reduce(naive_all_reduce):
     for world, kinds in ((1, ["float"]), (2, ["float", "random64"]), (3, ["random32", "int2d"]),
                          (5, ["random64", "one"])):
         cases = _cases(world, kinds, seed=world)
-        for case, calls in zip(cases, run_cases(naive_all_reduce, world, cases,
+        for case, calls in zip(cases, run_p2p_cases(naive_all_reduce, world, cases,
                                                 exercise="naive_all_reduce"), strict=True):
             what = f"x after naive_all_reduce on {case['label']}"
             expected = torch.stack([x.double() for x in case["inputs"]]).sum(0)
@@ -92,7 +92,7 @@ def check_p2p_broadcast(p2p_broadcast):
     for world, sources in ((1, [0]), (2, [1, 0]), (3, [2]), (5, [0, 3]), (6, [5]), (8, [1])):
         cases = [dict(inputs=_inputs(world, "float", 0), args=(src,),
                       label=f"{world} rank(s), src={src}") for src in sources]
-        for case, calls in zip(cases, run_cases(p2p_broadcast, world, cases, exercise="p2p_broadcast"),
+        for case, calls in zip(cases, run_p2p_cases(p2p_broadcast, world, cases, exercise="p2p_broadcast"),
                                strict=True):
             src = case["args"][0]
             what = f"x after p2p_broadcast on {case['label']}"
@@ -103,6 +103,6 @@ def check_p2p_broadcast(p2p_broadcast):
 def check_p2p_all_gather(p2p_all_gather):
     for world, kinds in ((1, ["float"]), (2, ["int2d"]), (3, ["random64"]), (5, ["float", "int2d"])):
         cases = _cases(world, kinds, seed=world)
-        for case, calls in zip(cases, run_cases(p2p_all_gather, world, cases, exercise="p2p_all_gather"),
+        for case, calls in zip(cases, run_p2p_cases(p2p_all_gather, world, cases, exercise="p2p_all_gather"),
                                strict=True):
             expect_gathered(calls, case["inputs"], f"p2p_all_gather on {case['label']}")

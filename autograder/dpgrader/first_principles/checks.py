@@ -21,11 +21,11 @@ from dpcourse.checks.params import (
     expect_shard_calls,
 )
 from dpcourse.reference.gradients import batch_norm, full_batch_gradient, parameter_names, sgd_steps
+from dpcourse.reference.memory import model_state_bytes
 from dpcourse.reference.mistakes import batch_norm_mistakes, gradient_mistakes
 from dpcourse.reference.splits import ceil_div, chunk_sizes
 from dpcourse.runtime.timeouts import TIMEOUTS
 from dpcourse.topics.data_parallel.checks import expect_memory
-from dpcourse.topics.zero.memory import model_state_bytes
 from dpcourse.toys.data import gradient_problems, line_data
 from dpcourse.toys.models import RecordingLoss, linear
 

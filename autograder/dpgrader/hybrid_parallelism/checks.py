@@ -26,9 +26,10 @@ from dpcourse.topics.hybrid.checks import (
     expect_plan,
     expect_plan_refused,
 )
-from dpcourse.topics.hybrid.costs import cluster, layouts, predict
+from dpcourse.topics.hybrid.costs import layouts, predict
 from dpcourse.topics.hybrid.runs import run_dp_pp_cases, run_dp_tp_cases, run_grid_cases, run_plan_cases
 from dpcourse.topics.tensor.models import inputs
+from dpcourse.toys.clusters import cluster
 
 REFERENCES = {
     "make_grid_groups": "init_device_mesh's layout (torch.arange(world).view(dp, pp, tp), each axis cut as "

@@ -20,7 +20,7 @@ when graded).
 
 import torch
 
-from dpcourse.checks.core import ratio_hint
+from dpcourse.checks.core import TOLERANCES, ratio_hint
 from dpcourse.checks.params import expect_same_state
 from dpcourse.topics.compression.checks import (
     expect_error_feedback,
@@ -220,7 +220,7 @@ def _expect_simulated_topk(results, grads, k, exact, error_feedback=True):
     for step, (average, residuals) in enumerate(simulate_topk(grads, k, error_feedback)):
         for rank, result in enumerate(results):
             what = f"{len(grads)} ranks, k={k}, rank {rank}, step {step}"
-            atol = 4e-16 * max(1.0, average.abs().max().item())
+            atol = TOLERANCES["float64 one rounding"][0] * max(1.0, average.abs().max().item())
             expect_tensor(result["averages"][step], average, f"{what}: the average", exact=exact, atol=atol)
             expect_tensor(result["residuals"][step], residuals[rank], f"{what}: the new residual")
 
@@ -256,14 +256,15 @@ def check_powersgd_hook(powersgd_hook, PowerSGDState):
         for step, grads in enumerate(expected["grads"]):
             for name, grad in grads.items():
                 got = results[0]["grads"][step][name]
-                if not torch.allclose(got, grad, rtol=0, atol=1e-9):
+                if not torch.allclose(got, grad, rtol=0, atol=TOLERANCES["float64 absolute"][0]):
                     raise AssertionError(
                         f"{what}, step {step}: the gradient applied to {name} is {_short(got)}, the "
                         f"simulation of {world_size} workers gives {_short(grad)} (largest difference "
                         f"{(got - grad).abs().max().item():.3g}){ratio_hint(got, grad)}")
         for rank, result in enumerate(results):
             expect_same_state(result["state"], expected["state"], f"{what}: the parameters after {steps} "
-                              f"steps should match the simulation", rank=rank, atol=1e-9)
+                              f"steps should match the simulation", rank=rank,
+                              atol=TOLERANCES["float64 absolute"][0])
 
 
 def _short(t, limit=4):
@@ -285,7 +286,7 @@ def check_local_sgd(local_sgd):
             expect_same_state(result["state"], expected[rank], f"local_sgd with H = {H} on {world_size} "
                               f"ranks, {steps} steps (averaged after steps "
                               f"{', '.join(str(s) for s in range(H, steps + 1, H)) or 'none'}), should match "
-                              f"the simulation", rank=rank, atol=1e-10)
+                              f"the simulation", rank=rank, atol=TOLERANCES["float64 steps absolute"][0])
         if steps % H == 0:
             expect_ranks_agree(results, f"local_sgd, H = {H}, {steps} steps")
 
@@ -301,7 +302,8 @@ def check_async_sgd(async_sgd):
         what = (f"async_sgd with {workers} worker(s), delay {delay}, {updates} updates: the server's "
                 f"parameters should match the simulation (update t applies the gradient computed at version "
                 f"max(0, t - {delay}) to the latest version)")
-        expect_same_state(results[0]["state"], expected, what, rank=0, atol=1e-10)
+        expect_same_state(results[0]["state"], expected, what, rank=0,
+                          atol=TOLERANCES["float64 steps absolute"][0])
 
 
 __all__ = ["check_topk_compress", "check_topk_all_reduce", "check_powersgd_hook", "check_local_sgd",

@@ -5,8 +5,8 @@ import torch
 from dpcourse import launch
 from dpcourse.checks.core import expect_equal
 from dpcourse.checks.ranks import expect_calls, expect_per_rank
-from dpcourse.comm.recorder import CommOp, recorded
-from dpcourse.runtime.launcher import launch_options, observed_traffic, per_rank
+from dpcourse.comm.cases import Case, run_cases
+from dpcourse.runtime.launcher import observed_traffic
 
 # What each exercise's expected values come from (autograder/exercises.json lists them).
 REFERENCES = {
@@ -34,23 +34,23 @@ def check_global_mean(global_mean):
     }
     for name, shards in cases.items():
         expected = torch.cat(shards).double().mean().item()
-        with launch_options(exercise="global_mean", keep_messages=True):  # graded: what all_reduce carried
-            results = launch(_mean_and_input_after, len(shards), global_mean, per_rank(shards))
-        for rank, (got, x_after, _) in enumerate(results):
+        # graded: the router keeps what each all_reduce carried
+        runs = run_cases(_mean_and_input_after, global_mean, len(shards), [Case(parts=shards, label=name)],
+                         exercise="global_mean", keep_messages=True)[0]
+        for run in runs:
+            got, rank = run.result, run.rank
             if not isinstance(got, float):
                 raise AssertionError(f"global_mean should return a Python float, rank {rank} "
                                      f"returned {type(got).__name__}")
             if abs(got - expected) > 1e-9 * max(1.0, abs(expected)):
                 raise AssertionError(f"rank {rank}: global_mean with {name} is {got!r}, expected "
                                      f"{expected!r}{mean_hint(got, expected)}")
-            expect_equal(x_after, shards[rank], "the input x after global_mean (it must not be "
+            expect_equal(run.after, shards[rank], "the input x after global_mean (it must not be "
                          "modified)", rank=rank)
-        traffic = observed_traffic()
-        ops = [list(traffic[r]) if traffic is not None else [CommOp(*f) for f in fields]
-               for r, (_, _, fields) in enumerate(results)]
+        ops = [run.ops for run in runs]
         expect_calls(ops, "all_reduce", 1, f"global_mean with {name}", advice=ONE_ALL_REDUCE)
-        if traffic is not None:
-            expect_own_sum_and_count(traffic, shards, f"global_mean with {name}")
+        if observed_traffic() is not None:
+            expect_own_sum_and_count(ops, shards, f"global_mean with {name}")
 
 
 def expect_own_sum_and_count(traffic, shards, what):
@@ -82,9 +82,8 @@ def mean_hint(got, expected):
     return ""
 
 
-def _mean_and_input_after(global_mean, shard):
-    """Runs on each rank, sent its own shard only: the learner's result, the rank's input as the call
-    left it, its calls."""
+def _mean_and_input_after(global_mean, shard, ctx):
+    """Rank side (the case runner's per-case function), sent its own shard only: the learner's result
+    and the rank's input as the call left it."""
     x = shard.clone()
-    result, ops = recorded(global_mean, x)
-    return result, x, [[o.op, o.peer, o.nbytes, o.start, o.end, o.group] for o in ops]
+    return {"result": global_mean(x), "after": x}

@@ -9,7 +9,7 @@ adds in a different order than gloo).
 
 import torch
 
-from dpcourse.comm.calls import run_cases
+from dpcourse.comm.p2p import run_p2p_cases
 from dpcourse.comm.traffic import expect_ring_traffic
 from dpcourse.reference.splits import chunk_bounds
 from dpcourse.topics.collectives.checks import (
@@ -82,7 +82,7 @@ def _numel_and_size(case):
 def check_ring_reduce_scatter(ring_reduce_scatter):
     for world in (1, 2, 3, 4):
         cases = _sum_cases(world, seed=10 + world)
-        for case, calls in zip(cases, run_cases(ring_reduce_scatter, world, cases,
+        for case, calls in zip(cases, run_p2p_cases(ring_reduce_scatter, world, cases,
                                                 exercise="ring_reduce_scatter"), strict=True):
             what = f"ring_reduce_scatter on {case['label']}"
             atol, rtol = _tolerance(case["kind"])
@@ -124,7 +124,7 @@ def check_ring_all_gather(ring_all_gather):
     for world in (1, 2, 3, 4):
         cases = gather_cases(world, seed=20 + world)
         runnable = [{k: v for k, v in case.items() if k != "fulls"} for case in cases]
-        for case, calls in zip(cases, run_cases(ring_all_gather, world, runnable,
+        for case, calls in zip(cases, run_p2p_cases(ring_all_gather, world, runnable,
                                                 exercise="ring_all_gather"), strict=True):
             what = f"ring_all_gather on {case['label']}"
             for group_calls, full in zip(_by_group(calls, case), case["fulls"], strict=True):
@@ -135,8 +135,8 @@ def check_ring_all_gather(ring_all_gather):
 def check_ring_all_reduce(ring_all_reduce):
     for world in (1, 2, 3, 4):
         cases = _sum_cases(world, seed=30 + world)
-        for case, calls in zip(cases, run_cases(ring_all_reduce, world, cases, exercise="ring_all_reduce"),
-                               strict=True):
+        runs = run_p2p_cases(ring_all_reduce, world, cases, exercise="ring_all_reduce")
+        for case, calls in zip(cases, runs, strict=True):
             atol, rtol = _tolerance(case["kind"])
             expect_all_reduced(calls, f"ring_all_reduce on {case['label']}", atol=atol, rtol=rtol)
 
@@ -146,7 +146,7 @@ def check_ring_all_reduce_bandwidth(ring_all_reduce):
     for world in (2, 3, 4):
         cases = [dict(inputs=[_values("ints", (length,), g) for _ in range(world)], reference="all_reduce",
                       label=f"{world} ranks, {length} float32 elements") for length in (3, 7, 13, 1000)]
-        for case, calls in zip(cases, run_cases(ring_all_reduce, world, cases, exercise="ring_all_reduce"),
-                               strict=True):
+        runs = run_p2p_cases(ring_all_reduce, world, cases, exercise="ring_all_reduce")
+        for case, calls in zip(cases, runs, strict=True):
             expect_all_reduced(calls, f"ring_all_reduce on {case['label']}")
             expect_ring_traffic(calls, *_numel_and_size(case), phases=2, what="all-reduce")

@@ -13,6 +13,7 @@ every token routed to one expert. Several cases share a launch: grading the chap
 
 import torch
 
+from dpcourse.checks.tensors import expect_operator
 from dpcourse.topics.experts.checks import expect_moe, expect_routing
 from dpcourse.topics.experts.models import choices, mixture
 from dpcourse.topics.experts.runs import run_moe_cases
@@ -29,7 +30,6 @@ from dpcourse.topics.sequence.checks import (
 )
 from dpcourse.topics.sequence.models import inputs
 from dpcourse.topics.sequence.runs import run_attention_cases, run_block_cases, run_operator_cases
-from dpcourse.topics.tensor.checks import expect_operator
 
 # What each exercise's expected values come from (autograder/exercises.json lists them).
 REFERENCES = {

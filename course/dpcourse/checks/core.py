@@ -37,6 +37,21 @@ TOLERANCES = {  # dtype or named comparison -> (atol, rtol)
     # a float32 wrapper against the module it wraps, the same operations on the same rows: tighter in
     # atol than float32's entry, which allows for float32 results against float64 references
     "float32 same ops": (1e-5, 1e-4),
+    # exact float64 sums (notebook 11's dyadic gradients): only the last rounding of a division may differ
+    "float64 one rounding": (4e-16, 0.0),
+    "float64 dyadic": (1e-12, 0.0),
+    # float64 values a few steps deep compared element by element (11's simulations, 10's AdamW)
+    "float64 steps absolute": (1e-10, 0.0),
+    # float64 numbers against their formulas (a loss, a planner's prediction): relative, an absolute floor
+    "float64 scalar": (1e-12, 1e-9),
+    # an expert's output row against the single-process layer (notebook 12): which tokens went wrong
+    "float64 rows": (1e-8, 0.0),
+    # the numerical rank of a float64 matrix (PowerSGD's P and Q): singular values below rtol * the largest
+    "numerical rank": (0.0, 1e-10),
+    # a message or a value recognised as a sum of inputs added in any order (dpcourse.comm.provenance)
+    "half sums in any order": (1e-2, 1e-2),
+    "float32 sums in any order": (1e-5, 1e-5),
+    "float64 sums in any order": (1e-9, 1e-9),
 }
 ATOL, RTOL = TOLERANCES[torch.float32]  # the float32 entry, under the names older code imports
 

@@ -14,6 +14,7 @@ others. Each check recognises the signature it can see and names it, on top of t
 import torch
 
 from dpcourse.checks.core import (
+    TOLERANCES,
     describe,
     expect_close,
     float_hint,
@@ -73,7 +74,8 @@ def _is_zero_or_none(tensor):
     return tensor is None or not tensor.any()
 
 
-def expect_averaged_gradients(got, average, local, world_size, what, rank=None, atol=1e-9):
+def expect_averaged_gradients(got, average, local, world_size, what, rank=None,
+                              atol=TOLERANCES["float64 absolute"][0]):
     """Assert each gradient `got` equals the global `average`; if not, say what it looks like instead.
 
     `local` holds this rank's own gradients (its shard only): a gradient that equals

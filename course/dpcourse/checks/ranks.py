@@ -1,47 +1,45 @@
 """Checks the visible test cells use: run a function on ranks, compare rank by rank.
 
 Used by the test cells of notebooks 00, 01 and 03 and the hidden checks of 00
-(`run_per_rank_recorded` / `expect_calls`: 00's "a single all-reduce").
+(`run_per_rank_recorded` / `expect_calls`: 00's "a single all-reduce"), on the case runner
+(dpcourse.comm.cases): each rank is sent its own inputs only.
 
 Every failure says which rank, what it returned and what was expected, so a
 learner reads the fix off the message instead of a bare `assert`.
 """
 
 from dpcourse.checks.core import expect_equal
-from dpcourse.comm.recorder import CommOp, recorded
-from dpcourse.runtime.launcher import launch, observed_traffic, per_rank
+from dpcourse.comm.cases import Case, run_cases
+from dpcourse.runtime.timeouts import TIMEOUTS
 
 
-def call_with_rank_input(fn, mine):
-    """Rank r calls fn(*inputs[r]): how a test hands each rank its own data (launched with
-    per_rank(inputs), so rank r receives inputs[r] only, never its peers')."""
-    return fn(*mine)
+def call_with_own_arguments(fn, mine, ctx):
+    """Rank side (the case runner's per-case function): rank r calls fn(*inputs[r]), sent inputs[r]
+    only, never its peers'."""
+    return {"result": fn(*mine)}
 
 
-def run_per_rank(fn, inputs, **launch_options):
-    """Launch len(inputs) ranks; rank r runs fn(*inputs[r]). Returns the per-rank results."""
+def _runs(fn, inputs, group_timeout=None, deadline=None, keep_messages=None):
     inputs = [tuple(i) if isinstance(i, (tuple, list)) else (i,) for i in inputs]
-    return launch(call_with_rank_input, len(inputs), fn, per_rank(inputs), **launch_options)
+    name = getattr(fn, "name", None) or getattr(fn, "__name__", "your function")  # the judge's stand-ins
+    return run_cases(call_with_own_arguments, fn, len(inputs), [Case(parts=inputs)], exercise=name,
+                     group_timeout=TIMEOUTS["group"] if group_timeout is None else group_timeout,
+                     deadline=deadline, keep_messages=keep_messages)[0]
 
 
-def call_recorded_with_rank_input(fn, mine):
-    """Rank r calls fn(*inputs[r]) under a CommRecorder: (its result, its calls as plain lists)."""
-    result, ops = recorded(fn, *mine)
-    return result, [[o.op, o.peer, o.nbytes, o.start, o.end, o.group] for o in ops]
+def run_per_rank(fn, inputs, group_timeout=None, deadline=None):
+    """Launch len(inputs) ranks; rank r runs fn(*inputs[r]). Returns the per-rank results."""
+    return [run.result for run in _runs(fn, inputs, group_timeout, deadline)]
 
 
-def run_per_rank_recorded(fn, inputs, **launch_options):
+def run_per_rank_recorded(fn, inputs, group_timeout=None, deadline=None):
     """run_per_rank, and what each rank said: a list of (result, [CommOp, ...]), one per rank.
 
     Why: a rule like "a single all-reduce" is judged from the calls. While graded they are the
-    router's own record of the launch (`observed_traffic`), which the learner's code cannot
-    touch; in a notebook, each rank's recorder reports them.
+    router's own record of the launch, which the learner's code cannot touch; in a notebook, each
+    rank's recorder reports them (dpcourse.comm.cases).
     """
-    inputs = [tuple(i) if isinstance(i, (tuple, list)) else (i,) for i in inputs]
-    results = launch(call_recorded_with_rank_input, len(inputs), fn, per_rank(inputs), **launch_options)
-    traffic = observed_traffic()
-    return [(result, list(traffic[rank]) if traffic is not None else [CommOp(*fields) for fields in ops])
-            for rank, (result, ops) in enumerate(results)]
+    return [(run.result, run.ops) for run in _runs(fn, inputs, group_timeout, deadline)]
 
 
 def expect_calls(ops_per_rank, op, count, what, advice=""):

@@ -1,6 +1,6 @@
 """Record (or forbid) every communication call a rank makes, as the dispatcher sees it.
 
-Used by notebooks 03 and 05 directly, and through comm.calls, topics.collectives.ringtrace and
+Used by notebooks 03 and 05 directly, and through comm.cases, topics.collectives.ringtrace and
 topics.ddp.timeline by 03-05 and their hidden checks.
 
     with CommRecorder() as rec:          # inside a rank
@@ -101,6 +101,18 @@ class CommOp:
         if self.peer is None or not self.group:
             return self.peer
         return self.group[self.peer]
+
+    def row(self):
+        """This record as a plain list, as a graded rank may return it (its results travel without
+        pickle): [op, peer, nbytes, start, end, group]. `CommOp.from_row` turns it back."""
+        group = list(self.group) if self.group else None
+        return [self.op, self.peer, self.nbytes, self.start, self.end, group]
+
+    @classmethod
+    def from_row(cls, row):
+        """The CommOp of a `row()` (the one conversion between records and plain lists)."""
+        op, peer, nbytes, start, end, group = row
+        return cls(op, peer, nbytes, start, end, tuple(group) if group else None)
 
 
 def _process_group(process_group):

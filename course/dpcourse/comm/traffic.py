@@ -4,13 +4,13 @@ A ring is defined by its traffic: 2(N-1) steps of one chunk each for an all-redu
 rank sends 2(N-1)/N · S bytes whatever N. `expect_ring_traffic` holds each rank to exactly
 that (a rank that sends too much is not a ring, a rank that sends too little left its data
 out); `print_traffic` shows the same numbers under a demo. The records come from the in-rank
-recorder in a notebook and from the grader's router while grading (dpcourse.comm.calls).
+recorder in a notebook and from the grader's router while grading (dpcourse.comm.cases).
 Used by notebooks 03 and 04.
 """
 
 import math
 
-from dpcourse.comm.calls import members, world_peer
+from dpcourse.comm.cases import members
 from dpcourse.comm.volume import ring_traffic
 from dpcourse.reference.splits import ceil_div
 from dpcourse.viz.tables import print_table
@@ -51,7 +51,7 @@ def expect_ring_traffic(calls, numel, element_size, phases, what):
         for step, o in enumerate(sent):
             if o.nbytes > largest:
                 raise AssertionError(
-                    f"rank {c.rank}'s step {step + 1} sent {o.nbytes} bytes to rank {world_peer(o)}, more "
+                    f"rank {c.rank}'s step {step + 1} sent {o.nbytes} bytes to rank {o.world_peer}, more "
                     f"than one chunk (⌈{numel}/{n}⌉ = {chunk} elements = {largest} bytes): in a ring {what} "
                     f"each of the {steps} steps sends one chunk, not the whole tensor")
         if len(sent) > steps:

@@ -15,16 +15,21 @@ ring algorithm), with S the bytes of the whole vector and N the group size:
     all_gather       (N-1)/N · S      S = the whole output; the recorder sees this rank's chunk S/N
     broadcast        (N-1)/N · S      the average over ranks of a pipelined ring (the last rank sends nothing)
     reduce           (N-1)/N · S      the same ring, towards the destination
+    all_to_all       (N-1)/N · S      S = its whole input; it keeps its own 1/N
     send                 S            its own bytes; a recv sends nothing
 
 This is the ZeRO paper's count (Rajbhandari et al., 2020, section 7), which rounds (N-1)/N
 to 1: "communication volume" Ψ for a reduce-scatter or an all-gather, 2Ψ for an all-reduce.
 
-`ring_traffic` is the course's one statement of a ring's cost: every other module that prices a
-ring (the cost model of notebooks 04 and 09, the traffic checks, the planners) calls it.
+`ring_traffic` is the course's one statement of a ring's cost, `all_to_all_traffic` of an all-to-all's:
+every other module that prices one (the cost model of notebooks 04, 06 and 09: `messages_and_bytes`,
+`predicted_time` here; the traffic checks; the planners of 09 and 12) calls them.
 """
 
+import math
 from collections import defaultdict
+
+ALGORITHMS = ("naive", "tree", "ring")
 
 
 def ring_traffic(nbytes, world_size, phases=2):
@@ -40,6 +45,46 @@ def ring_traffic(nbytes, world_size, phases=2):
     return phases * (n - 1), phases * (n - 1) / n * nbytes
 
 
+def all_to_all_traffic(nbytes, world_size, calls=1):
+    """(messages, bytes) one rank sends in `calls` all-to-alls of `nbytes` of input in all: a rank keeps
+    its own 1/N and sends the rest, one message to each other rank per call: calls·(N-1) messages,
+    (N-1)/N · S bytes (Ulysses' sequence <-> heads exchanges, experts' token dispatch: notebook 12)."""
+    n = world_size
+    if n <= 1:
+        return 0, 0.0
+    return calls * (n - 1), (n - 1) / n * nbytes
+
+
+def messages_and_bytes(algorithm, nbytes, world_size):
+    """(messages sent, bytes sent) by the busiest rank of an all-reduce of nbytes on world_size ranks."""
+    n = world_size
+    if n == 1:
+        return 0, 0
+    if algorithm == "naive":
+        return n - 1, (n - 1) * nbytes  # the root sends the sum back to every other rank
+    if algorithm == "tree":
+        depth = math.ceil(math.log2(n))
+        return 2 * depth, 2 * depth * nbytes  # worst case: one send up, the root's depth sends down
+    if algorithm == "ring":
+        return ring_traffic(nbytes, n)
+    raise ValueError(f"unknown algorithm {algorithm!r}: use one of {ALGORITHMS}")
+
+
+def predicted_time(algorithm, nbytes, world_size, alpha, beta):
+    """Seconds the alpha-beta model predicts for an all-reduce (see the module docstring)."""
+    n = world_size
+    if n == 1:
+        return 0.0
+    if algorithm == "naive":
+        return 2 * (n - 1) * (alpha + nbytes / beta)
+    if algorithm == "tree":
+        return 2 * math.ceil(math.log2(n)) * (alpha + nbytes / beta)
+    if algorithm == "ring":
+        steps, sent = ring_traffic(nbytes, n)
+        return steps * alpha + sent / beta
+    raise ValueError(f"unknown algorithm {algorithm!r}: use one of {ALGORITHMS}")
+
+
 # bytes a rank sends for one recorded call of `nbytes` (what the recorder saw) in a group of n ranks
 _RING = {
     "all_reduce": lambda nbytes, n: ring_traffic(nbytes, n)[1],
@@ -49,6 +94,8 @@ _RING = {
     "reduce_scatter_tensor": lambda nbytes, n: ring_traffic(nbytes, n, phases=1)[1],
     "broadcast": lambda nbytes, n: ring_traffic(nbytes, n, phases=1)[1],
     "reduce": lambda nbytes, n: ring_traffic(nbytes, n, phases=1)[1],
+    "all_to_all": lambda nbytes, n: all_to_all_traffic(nbytes, n)[1],  # recorded: the whole input
+    "all_to_all_single": lambda nbytes, n: all_to_all_traffic(nbytes, n)[1],
     "send": lambda nbytes, n: nbytes,
 }
 _NOTHING = {"recv", "recv_any_source", "barrier", "monitored_barrier"}

@@ -49,8 +49,9 @@ def unless_not_written(*names):
     """
     try:
         yield
-    except (NotImplementedError, LaunchError) as error:
-        if isinstance(error, LaunchError) and "NotImplementedError" not in str(error):
+    except (NotImplementedError, LaunchError, AssertionError) as error:
+        # launch_run (dpcourse.comm.cases) words a rank's exception as an AssertionError
+        if not isinstance(error, NotImplementedError) and "raised NotImplementedError" not in str(error):
             raise
         print(f"{' or '.join(names)} {'is' if len(names) == 1 else 'are'} not written yet")
 
@@ -129,6 +130,30 @@ def _describe(ranks, stopped, deadline, group_timeout):
             body.append(f"  rank {r.rank}: {line}")
     return LaunchError("\n".join(body).rstrip(), culprit.rank, kind,
                        ranks=[r.rank for r in failed + list(stopped)])
+
+
+class _Reported:
+    """A rank's failure as the rank reported it (dpcourse.comm.cases), in the shape of a launcher Rank."""
+
+    def __init__(self, rank, type_name, message, traceback_text):
+        self.rank, self.report = rank, ("error", 0.0, type_name, message, traceback_text)
+        self.diag, self.output_tail, self.exit_status = b"", [], None
+
+
+def reported_failure(world, failures, stopped=()):
+    """The LaunchError for ranks whose code raised and that reported it instead of dying (the case
+    runner's ranks, dpcourse.comm.cases), worded as `launch` words a rank that raised; the LOWEST
+    failing rank is blamed, whatever the order the ranks failed in. failures: [(rank, exception type
+    name, message, traceback text)]; stopped: ranks the launch stopped before they reported."""
+    reported = sorted((_Reported(*f) for f in failures), key=lambda r: r.rank)
+    culprit = reported[0]
+    head = _headline(culprit, world) + _same_error_elsewhere(culprit, reported)
+    body = [head, "", *_details(culprit)]
+    for r in reported[1:]:
+        body.append(f"  rank {r.rank}: {_one_line(r, ())}")
+    body += [f"  rank {rank}: stopped when rank {culprit.rank} failed" for rank in stopped]
+    return LaunchError("\n".join(body).rstrip(), culprit.rank, "raised",
+                       ranks=[r.rank for r in reported] + list(stopped))
 
 
 def _is_failure(r):
@@ -222,7 +247,7 @@ def _trim_traceback(text):
             skipping = any(p in line for p in ("dpcourse/runtime/inside_rank.py",
                                                 "dpcourse/grading/zygote.py",
                                                 "dpcourse/runtime/launcher.py", "dpcourse/checks/ranks.py",
-                                                "dpcourse/comm/calls.py",
+                                                "dpcourse/comm/cases.py", "dpcourse/comm/p2p.py",
                                                 "torch/distributed/c10d_logger.py", "dpgrader/"))
         elif not line.startswith("    "):
             skipping = False
@@ -270,6 +295,13 @@ def _in_user_code(frames):
     stdlib = sysconfig.get_paths()["stdlib"]
     return any(not (f["path"].startswith(("<frozen", stdlib)) or "site-packages" in f["path"]
                     or "/dpcourse/" in f["path"]) for f in frames)
+
+
+def blocked_in_communication(r):
+    """True when a rank's stack dump shows it waiting in a communication call (the launcher stops waiting
+    for its report once a peer has failed)."""
+    frames = _stack(r)
+    return bool(frames) and _in_communication(frames)
 
 
 def _in_communication(frames):

@@ -1,6 +1,6 @@
 """What happens inside one rank: join the group, run the function, report back, exit.
 
-Used by every notebook through launch, and by comm.calls and runtime.cluster.
+Used by every notebook through launch, and by comm.cases and runtime.cluster.
 
 The launcher (launcher.py) starts each rank either by forking (CPU, fast) or by
 starting `python -m dpcourse.runtime.inside_rank` (GPU, or whenever CUDA is already in use

@@ -49,6 +49,15 @@ DEFAULT_DEADLINE = TIMEOUTS["launch"]  # seconds a whole launch may take
 
 MAX_WORLD_SIZE = 64
 DIAG_LIMIT = 64 * 1024  # bytes of a stuck rank's stack dump kept, where the caller limits reports
+# A rank whose result is a dict with STOP_LAUNCH set has reported a failure its peers cannot get past
+# (dpcourse.comm.cases: the learner's code raised). The launch then waits for the other ranks that can
+# still report: every STOP_GRACE seconds it asks the ranks that have not reported for their stacks, and
+# stops waiting for a rank once its stack shows it blocked in communication (it waits for the rank that
+# failed); a rank still starting or running its own code (on a loaded machine four ranks of one launch
+# can be seconds apart) is given up to STOP_WAIT seconds in all. Then the rest are stopped (their results
+# are None), and the caller blames the lowest rank that failed and names the others that did the same.
+STOP_LAUNCH = "dpcourse/stop-launch"
+STOP_GRACE, STOP_WAIT, DUMP_WAIT = 0.3, 5.0, 2.0
 
 
 def launch(fn, world_size, *args, backend=None, deadline=None, group_timeout=None, **kwargs):
@@ -332,6 +341,10 @@ def supervise(ranks, deadline, group_timeout, source=None):
             # once every pipe closed, only the exits are awaited: look often (a launch costs ms)
             _pump(selector, timeout=0.02 if selector.get_map() else 0.002)
             _reap(ranks)
+            if any(_stops(r) for r in ranks) and not any(_failed(r) for r in ranks):
+                _await_reports(ranks, selector)
+                kill_and_reap(ranks)
+                return [r.report[2] if r.report is not None and r.report[0] == "ok" else None for r in ranks]
             if any(_failed(r) for r in ranks):
                 _pump_for(selector, 0.3)  # let simultaneous failures (timeouts) report too
                 # a rank reaped before its last message was read looked failed; judge it on the message
@@ -350,6 +363,12 @@ def supervise(ranks, deadline, group_timeout, source=None):
         for r in ranks:
             for fd in (r.out_fd, r.msg_fd, r.diag_fd):
                 os.close(fd)
+
+
+def _stops(r):
+    """The rank reported a failure that ends the launch (see STOP_LAUNCH)."""
+    return (r.report is not None and r.report[0] == "ok" and isinstance(r.report[2], dict)
+            and r.report[2].get(STOP_LAUNCH) is True)
 
 
 def _failed(r):
@@ -385,9 +404,37 @@ def _pump(selector, timeout):
             r.diag += chunk[:None if r.report_limit is None else DIAG_LIMIT - len(r.diag)]
 
 
-def _pump_for(selector, seconds):
+def _pump_for(selector, seconds, until=None):
     end = time.monotonic() + seconds
-    while time.monotonic() < end:
+    while time.monotonic() < end and not (until is not None and until()):
+        _pump(selector, timeout=0.02)
+
+
+def _await_reports(ranks, selector):
+    """After a rank stopped the launch: read the reports of the ranks that can still send one (see
+    STOP_LAUNCH), for at most STOP_WAIT seconds."""
+    from dpcourse.runtime.failures import blocked_in_communication
+
+    end = time.monotonic() + STOP_WAIT
+    waiting = [r for r in ranks if r.alive and r.report is None]
+    while waiting and time.monotonic() < end:
+        _pump_for(selector, min(STOP_GRACE, end - time.monotonic()),
+                  until=lambda group=waiting: all(r.report is not None or not r.alive for r in group))
+        waiting = [r for r in waiting if r.alive and r.report is None]
+        for r in waiting:
+            r.diag = b""
+        _await_stacks(waiting, selector, min(DUMP_WAIT, max(0.0, end - time.monotonic())))
+        waiting = [r for r in waiting if r.alive and r.report is None
+                   and not (not _diag_incomplete(r) and blocked_in_communication(r))]
+
+
+def _await_stacks(alive, selector, seconds):
+    """Ask `alive` ranks for their stacks (SIGUSR1: faulthandler) and read until each has dumped one, or for
+    `seconds`; whatever else they send meanwhile (a report) is read too."""
+    for r in alive:
+        _signal(r, signal.SIGUSR1)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end and any(_diag_incomplete(r) for r in alive if r.report is None):
         _pump(selector, timeout=0.02)
 
 
@@ -447,11 +494,7 @@ def _exited(r, status):
 def _failure(ranks, selector, deadline, group_timeout, source=None):
     """Collect the stacks of the ranks still running, kill everything, explain."""
     alive = [r for r in ranks if r.alive and r.report is None]
-    for r in alive:
-        _signal(r, signal.SIGUSR1)
-    end = time.monotonic() + 2.0
-    while time.monotonic() < end and any(_diag_incomplete(r) for r in alive):
-        _pump(selector, timeout=0.02)
+    _await_stacks(alive, selector, DUMP_WAIT)
     kill_and_reap(ranks)
     _pump_until_closed(selector, limit=0.5)
     _flush_partial_lines(ranks)

@@ -24,3 +24,10 @@ def print_table(rows, columns, title=None, indent=""):
         print(line([heading for heading, _ in columns]))
     for row in rows:
         print(line(row))
+
+
+def format_bytes(nbytes):
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= size:
+            return f"{nbytes / size:g} {unit}"
+    return f"{nbytes:g} B"

@@ -2,7 +2,7 @@
 
 Used by the test cells and hidden checks of notebooks 03 (ring_shift, naive_all_reduce,
 p2p_broadcast, p2p_all_gather) and 04 (the ring reduce-scatter, all-gather and all-reduce), on
-the `Call` records that dpcourse.comm.calls.run_p2p returns.
+the `RankRun` records that dpcourse.comm.p2p.run_p2p returns.
 
 Why a module: a collective's result has a structure a plain comparison hides. A reduce-scatter is
 right when chunk r (torch.tensor_split's, dpcourse.reference.splits) on rank r is the sum, an
@@ -15,7 +15,7 @@ arrived". Values are compared with the core's close-check and ratio hint (dpcour
 import torch
 
 from dpcourse.checks.core import describe, float_hint, is_close
-from dpcourse.comm.calls import members
+from dpcourse.comm.cases import members
 from dpcourse.reference.splits import chunk_bounds
 
 

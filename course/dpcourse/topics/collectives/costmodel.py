@@ -1,7 +1,8 @@
 """The alpha-beta cost model of an all-reduce, and how to measure the real thing against it.
 
-Used by notebook 04 (ping-pong, the alpha-beta fit, bandwidth tables and plots), and by topics.ddp
-(predicted_time, format_bytes) for 05-06.
+Used by notebook 04 (ping-pong, the alpha-beta fit, bandwidth tables and plots). The model itself --
+messages, bytes and time of each algorithm -- is dpcourse.comm.volume's (`messages_and_bytes`,
+`predicted_time`), which notebooks 05, 06 and 09 price with too.
 
 A message of n bytes costs  t = alpha + n / beta:  alpha is the latency of one message
 (microseconds on a network, tens of microseconds through gloo), beta the bandwidth in
@@ -20,7 +21,6 @@ the rate at which each rank's link actually moved bytes -- comparable across N, 
 the link bandwidth.
 """
 
-import math
 import statistics
 import time
 
@@ -28,9 +28,8 @@ import torch
 import torch.distributed as dist
 
 from dpcourse.backend import rank_device
-from dpcourse.comm.volume import ring_traffic
-
-ALGORITHMS = ("naive", "tree", "ring")
+from dpcourse.comm.volume import ALGORITHMS, predicted_time, ring_traffic
+from dpcourse.viz.tables import format_bytes
 
 
 def algbw(nbytes, seconds):
@@ -42,36 +41,6 @@ def busbw(nbytes, seconds, world_size):
     """Bus bandwidth (bytes/s) of an all-reduce, NCCL-tests' convention: algbw · 2(N-1)/N (what a rank
     of a ring sends, per byte of the tensor)."""
     return ring_traffic(algbw(nbytes, seconds), world_size)[1]
-
-
-def messages_and_bytes(algorithm, nbytes, world_size):
-    """(messages sent, bytes sent) by the busiest rank of an all-reduce of nbytes on world_size ranks."""
-    n = world_size
-    if n == 1:
-        return 0, 0
-    if algorithm == "naive":
-        return n - 1, (n - 1) * nbytes  # the root sends the sum back to every other rank
-    if algorithm == "tree":
-        depth = math.ceil(math.log2(n))
-        return 2 * depth, 2 * depth * nbytes  # worst case: one send up, the root's depth sends down
-    if algorithm == "ring":
-        return ring_traffic(nbytes, n)
-    raise ValueError(f"unknown algorithm {algorithm!r}: use one of {ALGORITHMS}")
-
-
-def predicted_time(algorithm, nbytes, world_size, alpha, beta):
-    """Seconds the alpha-beta model predicts for an all-reduce (see the module docstring)."""
-    n = world_size
-    if n == 1:
-        return 0.0
-    if algorithm == "naive":
-        return 2 * (n - 1) * (alpha + nbytes / beta)
-    if algorithm == "tree":
-        return 2 * math.ceil(math.log2(n)) * (alpha + nbytes / beta)
-    if algorithm == "ring":
-        steps, sent = ring_traffic(nbytes, n)
-        return steps * alpha + sent / beta
-    raise ValueError(f"unknown algorithm {algorithm!r}: use one of {ALGORITHMS}")
 
 
 def fit_alpha_beta(sizes, seconds):
@@ -156,13 +125,6 @@ def bandwidth_rows(timings, world_size):
             rows.append((name, nbytes, seconds, algbw(nbytes, seconds) / 1e9,
                          busbw(nbytes, seconds, world_size) / 1e9))
     return rows
-
-
-def format_bytes(nbytes):
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= size:
-            return f"{nbytes / size:g} {unit}"
-    return f"{nbytes:g} B"
 
 
 def print_bandwidth(timings, world_size, baseline=None):

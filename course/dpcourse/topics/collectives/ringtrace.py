@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from dpcourse.backend import rank_device
-from dpcourse.comm.calls import GROUP_TIMEOUT
+from dpcourse.comm.p2p import GROUP_TIMEOUT
 from dpcourse.comm.recorder import CommRecorder
 from dpcourse.reference.splits import chunk_bounds
 from dpcourse.runtime.launcher import launch

@@ -5,7 +5,7 @@
 Why a module: notebook 11's demo and `make bench` (tests/bench/bench_powersgd.py) time the same
 thing: a square MLP (width x width matrices, float32) under torch's DistributedDataParallel, with
 no hook, with torch's `powerSGD_hook` and with a hook of the same contract as the exercise's, all
-interleaved in one launch (dpcourse.topics.ddp.bench: round-robin, a barrier before every step,
+interleaved in one launch (dpcourse.toys.bench: round-robin, a barrier before every step,
 per-round ratios). torch's state is configured to do what the exercise does -- compress from the
 third step (`start_powerSGD_iter=2`, the least torch accepts with error feedback), every matrix
 whose factors are smaller (`min_compression_rate=1`), error feedback and warm start on -- so the
@@ -20,7 +20,7 @@ that issues every collective from backward's thread, in bucket order, ran.
 """
 
 from dpcourse.backend import rank_device
-from dpcourse.topics.ddp.bench import compare_step_times
+from dpcourse.toys.bench import compare_step_times
 
 ONE_BUCKET_MB = 1024  # every gradient in one bucket (see the module docstring)
 

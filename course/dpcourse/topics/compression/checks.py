@@ -20,9 +20,16 @@ import math
 
 import torch
 
-from dpcourse.checks.core import describe, ratio_hint
+from dpcourse.checks.core import TOLERANCES, describe, ratio_hint
 from dpcourse.checks.params import expect_same_state
 from dpcourse.topics.compression.costs import INDEX_BYTES, compressible, powersgd_elements, topk_handed_bytes
+
+# from the one table (checks.core): absolute bounds, some scaled by the values' size
+DYADIC = TOLERANCES["float64 dyadic"][0]
+ONE_ROUNDING = TOLERANCES["float64 one rounding"][0]
+STEPS = TOLERANCES["float64 steps absolute"][0]
+ABSOLUTE = TOLERANCES["float64 absolute"][0]
+RANK_RTOL = TOLERANCES["numerical rank"][1]
 
 
 def _first_difference(got, expected):
@@ -35,7 +42,7 @@ def _first_difference(got, expected):
            f"{expected.reshape(-1)[i].item():g})"
 
 
-def expect_tensor(got, expected, what, exact=True, atol=1e-12):
+def expect_tensor(got, expected, what, exact=True, atol=DYADIC):
     """got equals expected: same shape and dtype, bit for bit (exact) or within atol."""
     if not isinstance(got, torch.Tensor):
         raise AssertionError(f"{what} should be a tensor, got {describe(got)[:200]}")
@@ -122,7 +129,7 @@ def expect_topk_run(results, grads, k, error_feedback=True, exact=True):
             sent.append(_expect_split(acc, new, grad, old[rank], k, where, error_feedback))
             old[rank] = new.clone() if error_feedback else torch.zeros_like(new)
         expected = sum(sent[1:], sent[0].clone()) / world_size
-        atol = 4e-16 * max(1.0, expected.abs().max().item())
+        atol = ONE_ROUNDING * max(1.0, expected.abs().max().item())
         for rank, result in enumerate(results):
             expect_tensor(result["averages"][step], expected,
                           f"rank {rank}, step {step}: the average (the sum over ranks of the sparse vectors "
@@ -258,7 +265,7 @@ def expect_same_update_on_all_ranks(results, what="the averaged gradient"):
             for name, grad in first.items():
                 if grad is None or mine[name] is None:
                     continue
-                if not torch.allclose(mine[name], grad, rtol=0, atol=1e-12):
+                if not torch.allclose(mine[name], grad, rtol=0, atol=DYADIC):
                     raise AssertionError(
                         f"step {step}: rank {rank}'s {what} of {name} differs from rank 0's by "
                         f"{(mine[name] - grad).abs().max().item():.3g}: every rank must apply the same "
@@ -273,10 +280,10 @@ def expect_low_rank(results, shapes, matrix_rank):
             if not compressible(shape, matrix_rank):
                 continue
             g = grads[name].reshape(shape[0], -1)
-            rank = int(torch.linalg.matrix_rank(g, rtol=1e-10))
+            rank = int(torch.linalg.matrix_rank(g, rtol=RANK_RTOL))
             if rank > matrix_rank:
                 own = _own_wanted(results[0], step, name)
-                if own is not None and torch.allclose(grads[name], own, rtol=0, atol=1e-12):
+                if own is not None and torch.allclose(grads[name], own, rtol=0, atol=DYADIC):
                     raise AssertionError(
                         f"step {step}: the gradient applied to {name} is rank 0's own gradient (+ its "
                         f"error), unchanged: the decompressed P̂ Qᵀ never reached the bucket. Write it into "
@@ -320,10 +327,10 @@ def expect_error_feedback(results, shapes, matrix_rank):
                                          f"minus what was applied (error feedback), keyed by the parameter")
                 wanted = local[rank][step][name] + (old if old is not None else 0)
                 expected = wanted - applied[name]
-                if torch.allclose(new, expected, rtol=0, atol=1e-10):
+                if torch.allclose(new, expected, rtol=0, atol=STEPS):
                     continue
                 if old is not None and torch.allclose(new, local[rank][step][name] - applied[name], rtol=0,
-                                                      atol=1e-10):
+                                                      atol=STEPS):
                     raise AssertionError(f"{where}: the error ignores the previous one: add state.errors to "
                                          f"the gradient before compressing (error feedback)")
                 if not new.any():
@@ -349,9 +356,10 @@ def expect_projection(results, shapes, matrix_rank):
             update = applied[name].reshape(shape[0], -1).double()
             mean = (sum(wanted[1:], wanted[0]) / world_size).reshape(shape[0], -1).double()
             u, s, _ = torch.linalg.svd(update, full_matrices=False)
-            basis = u[:, s > 1e-10 * max(float(s.max()), 1e-300)] if s.numel() else u[:, :0]
+            basis = u[:, s > RANK_RTOL * max(float(s.max()), 1e-300)] if s.numel() else u[:, :0]
             expected = basis @ (basis.T @ mean)
-            if torch.allclose(update, expected, rtol=0, atol=1e-9 * max(1.0, float(expected.abs().max()))):
+            bound = ABSOLUTE * max(1.0, float(expected.abs().max()))
+            if torch.allclose(update, expected, rtol=0, atol=bound):
                 continue
             hint = ratio_hint(update, expected)
             if hint:
@@ -399,13 +407,13 @@ def expect_ranks_agree(results, what, hint="averaged, not summed, and written ba
     for rank, result in enumerate(results[1:], start=1):
         for name, tensor in results[0]["state"].items():
             diff = (result["state"][name] - tensor).abs().max().item()
-            if diff > 1e-12:
+            if diff > DYADIC:
                 raise AssertionError(f"{what}: rank {rank}'s {name} differs from rank 0's by {diff:.3g}: "
                                      f"after an averaging step every rank holds the same parameters "
                                      f"({hint})")
 
 
-def expect_state(got, expected, what, rank=0, atol=1e-10):
+def expect_state(got, expected, what, rank=0, atol=STEPS):
     """A rank's final parameters equal the reference's (names as in the model)."""
     expect_same_state(got, expected, what, rank=rank, atol=atol)
 
@@ -485,12 +493,12 @@ def expect_async_schedule(results, model, seed, updates, per_update, delay):
     final = torch.cat([results[0]["state"][name].reshape(-1) for name, _ in net.named_parameters()]).double()
     newest = theta0 - LR * sum(grads)
     scale = max(1.0, float(newest.abs().max()))
-    if not torch.allclose(final, newest, rtol=0, atol=1e-10 * scale):
+    if not torch.allclose(final, newest, rtol=0, atol=STEPS * scale):
         stale = [theta0]
         for t, g in enumerate(grads):
             stale.append(stale[max(0, t - delay)] - LR * g)
         hint = ""
-        if torch.allclose(final, stale[-1], rtol=0, atol=1e-10 * scale):
+        if torch.allclose(final, stale[-1], rtol=0, atol=STEPS * scale):
             hint = (f" -- it is what applying each gradient to the stale version it was computed at gives "
                     f"(theta_(t+1) = theta_(t-{delay}) - lr·g_t), which throws the updates in between away: "
                     f"apply it to the latest version, theta_(t+1) = theta_t - lr·g_t")
@@ -502,10 +510,10 @@ def expect_async_schedule(results, model, seed, updates, per_update, delay):
         versions.append(versions[-1] - LR * g)
     for t in range(updates):
         want = max(0, t - delay)
-        if torch.allclose(at[t], versions[want], rtol=0, atol=1e-10 * scale):
+        if torch.allclose(at[t], versions[want], rtol=0, atol=STEPS * scale):
             continue
         got = next((v for v in range(len(versions)) if torch.allclose(at[t], versions[v], rtol=0,
-                                                                        atol=1e-10 * scale)), None)
+                                                                        atol=STEPS * scale)), None)
         which = f"version {got}" if got is not None else "parameters that are no version of the server's"
         raise AssertionError(f"with delay {delay}, update {t} (worker {1 + t % workers}) was computed at "
                              f"{which}; expected version max(0, t - {delay}) = {want} (version v: the "

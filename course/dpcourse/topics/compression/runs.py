@@ -1,14 +1,17 @@
 """What a rank does in notebook 11's tests: your function on a fixed task, plain results back.
 
-    launch_run(topk_run, 4, topk_all_reduce, grads, 10)       # -> one dict per rank
+    launch_run(topk_run, 4, topk_all_reduce, grads, 10)    # one dict per rank (grads: a list per rank)
 
 Why a module: the visible tests, the hidden tests and the demos run the learner's code the same
-way, and the grader needs them written like this: a run receives the learner's function as an
-argument (so it resolves to the learner's code inside each rank), does no communication of its own
-(every call on the wire is the learner's, or DDP's own broadcasts in the PowerSGD run), and returns
-plain values only -- tensors, numbers, and the calls it recorded as plain lists. `launch_run` turns
-those lists back into CommOp records, or, when graded, hands over the grader's own count of the
-calls (launcher.observed_traffic), which the learner's code cannot touch.
+way, and the grader needs them written like this: they are per-case functions of the course's one
+case runner (dpcourse.comm.cases, `launch_run`), so each rank is sent its own part only -- its own
+gradients, its own share of every batch, worked out in the caller (the asynchronous schedule is
+the one run every rank holds whole: the server and the workers all follow it); a run receives the
+learner's function as an argument (so it resolves to the learner's code inside each rank), does no
+communication of its own (every call on the wire is the learner's, or DDP's own broadcasts in the
+PowerSGD run), and returns plain values only; `launch_run` adds the calls, the grader's router's
+while graded. While graded, top-k's all-gathers are replayed (comm.provenance.Copies): what a rank
+puts in must be its own values (its gradient plus its residual), or what reached it.
 
 The task of the training runs: `data.TASK_MODEL` (float64 MLP) on `data.task_data`, rank r taking
 its `my_share` of each global batch, plain SGD (no momentum) with learning rate `lr`.
@@ -18,8 +21,8 @@ import torch
 import torch.distributed as dist
 
 from dpcourse.backend import rank_device
-from dpcourse.comm.calls import launch_run  # noqa: F401 - launch_run is used by 11
-from dpcourse.comm.calls import plain_ops as plain
+from dpcourse.comm.cases import Case, launch_run, splits  # noqa: F401 - launch_run is used by 11
+from dpcourse.comm.provenance import Copies
 from dpcourse.comm.recorder import CommRecorder
 from dpcourse.reference.gradients import gradients_of, state_of
 from dpcourse.runtime.inside_rank import to_cpu
@@ -43,59 +46,104 @@ def _pair(result, name, what):
     return result
 
 
-def topk_run(topk_all_reduce, grads, k, error_feedback=True):
+def _topk_case(world_size, grads, k, error_feedback=True):
+    """Rank r is sent grads[r] only. Replayed while graded: what a rank all-gathers must be made of its
+    own gradient plus the residual it carries (the right residual, once the cell's checks passed; or
+    that divided by N, averaged before it is sent), or of what reached it."""
+    grads = [list(g) for g in grads]
+    derived = [[(None, torch.cat([v, v / world_size])) for v in compressed_inputs(g, k, error_feedback)]
+               for g in grads]
+    return Case(parts=grads, shared={"k": k, "error_feedback": error_feedback},
+                replay=Copies(grads, derived=derived))
+
+
+def compressed_inputs(grads, k, error_feedback=True):
+    """What top-k with error feedback compresses at each step: g_t + the residual of step t - 1 (the
+    reference's: the k largest magnitudes leave, the rest stays), flattened."""
+    residual, out = torch.zeros_like(grads[0]).double(), []
+    for g in grads:
+        total = g.double() + residual
+        out.append(total.reshape(-1).clone())
+        kept = total.reshape(-1).abs().topk(min(k, total.numel())).indices
+        residual = total.clone().reshape(-1)
+        residual[kept] = 0
+        residual = residual.reshape(total.shape) if error_feedback else torch.zeros_like(total)
+    return out
+
+
+@splits(_topk_case)
+def topk_run(topk_all_reduce, grads, ctx):
     """Rank r calls topk_all_reduce(grads[r][t], residual, k) for t = 0, 1, ...; the residual starts at
     zero and is the one the previous call returned (error_feedback=False: zero at every step).
 
-    Returns {"averages": [per step], "residuals": [per step, as returned], "ops"}.
+    Returns {"averages": [per step], "residuals": [per step, as returned]}; launch_run adds "ops".
     """
-    rank, device = dist.get_rank(), rank_device()
-    mine = [g.to(device) for g in grads[rank]]
+    k, error_feedback = ctx.shared["k"], ctx.shared["error_feedback"]
+    device = rank_device()
+    mine = [g.to(device) for g in grads]
     residual = torch.zeros_like(mine[0])
     averages, residuals = [], []
-    with CommRecorder() as rec:
-        for g in mine:
-            average, new = _pair(topk_all_reduce(g.clone(), residual.clone(), k), "topk_all_reduce",
-                                 "(average, new_residual)")
-            averages.append(average)
-            residuals.append(new)
-            residual = new.detach().clone() if error_feedback else torch.zeros_like(residual)
-    return {"averages": to_cpu(averages), "residuals": to_cpu(residuals), "ops": plain(rec.ops)}
+    for g in mine:
+        average, new = _pair(topk_all_reduce(g.clone(), residual.clone(), k), "topk_all_reduce",
+                             "(average, new_residual)")
+        averages.append(average)
+        residuals.append(new)
+        residual = new.detach().clone() if error_feedback else torch.zeros_like(residual)
+    return {"averages": to_cpu(averages), "residuals": to_cpu(residuals)}
 
 
-def powersgd_run(powersgd_hook, PowerSGDState, matrix_rank, model, seed, steps, per_rank, lr=LR):
-    """DDP with `powersgd_hook` registered (state PowerSGDState(matrix_rank)), `steps` SGD steps.
+def _shares_case(world_size, model, seed, steps, per_rank, *rest, **shared):
+    """Rank r is sent its share of every global batch of the task (data.task_data), nothing of the others'."""
+    X, Y = task_data(steps, per_rank, world_size, seed)
+    parts = [[my_share(X, Y, step, per_rank, rank, world_size, device="cpu") for step in range(steps)]
+             for rank in range(world_size)]
+    return Case(parts=parts, shared=dict(model=model, seed=seed, steps=steps, per_rank=per_rank, rest=rest,
+                                         **shared))
+
+
+def _powersgd_case(world_size, PowerSGDState, matrix_rank, model, seed, steps, per_rank, lr=LR):
+    return _shares_case(world_size, model, seed, steps, per_rank, state=PowerSGDState,
+                        matrix_rank=matrix_rank, lr=lr)
+
+
+@splits(_powersgd_case)
+def powersgd_run(powersgd_hook, batches, ctx):
+    """DDP with `powersgd_hook` registered (state PowerSGDState(matrix_rank)), `steps` SGD steps on this
+    rank's shares.
 
     Returns, per step, {name: tensor} dicts: "grads" (the gradient the optimizer applied), "local"
     (this rank's own gradient, computed on a copy of the model, without communication) and
     "errors_by_step" (state.errors of each parameter after the step, None if absent); and
-    "state" (the final parameters) and "ops".
+    "state" (the final parameters); launch_run adds "ops".
     """
     from torch.nn.parallel import DistributedDataParallel
 
     device = rank_device()
-    net = build_model(model, seed, device)
-    shadow = build_model(model, seed, device)  # the same model, never wrapped: the local gradient
+    net = build_model(ctx.shared["model"], ctx.shared["seed"], device)
+    shadow = build_model(ctx.shared["model"], ctx.shared["seed"], device)  # never wrapped: the local gradient
+    ctx.phase("setup")  # DDP's own start-up calls (it checks the parameters' shapes on every rank)
     ddp = DistributedDataParallel(net, device_ids=[device] if device.type == "cuda" else None)
-    state = PowerSGDState(matrix_rank)
+    state = ctx.shared["state"](ctx.shared["matrix_rank"])
     ddp.register_comm_hook(state, powersgd_hook)
-    X, Y = task_data(steps, per_rank, dist.get_world_size(), seed)
-    opt = torch.optim.SGD(net.parameters(), lr=lr)
+    ctx.phase("run")
+    opt = torch.optim.SGD(net.parameters(), lr=ctx.shared["lr"])
     applied, local, errors = [], [], []
-    with CommRecorder() as rec:
-        for step in range(steps):
-            xb, yb = my_share(X, Y, step, per_rank, device=device)
-            shadow.load_state_dict(net.state_dict())
-            shadow.zero_grad(set_to_none=True)
-            loss_fn(shadow(xb), yb).backward()
-            local.append(gradients_of(shadow))
-            opt.zero_grad()
-            loss_fn(ddp(xb), yb).backward()
-            applied.append(gradients_of(net))
-            errors.append(_errors_of(state, net))
-            opt.step()
-    return {"grads": applied, "local": local, "errors_by_step": errors, "state": state_of(net),
-            "ops": plain(rec.ops)}
+    for xb, yb in _on_device(batches):
+        shadow.load_state_dict(net.state_dict())
+        shadow.zero_grad(set_to_none=True)
+        loss_fn(shadow(xb), yb).backward()
+        local.append(gradients_of(shadow))
+        opt.zero_grad()
+        loss_fn(ddp(xb), yb).backward()
+        applied.append(gradients_of(net))
+        errors.append(_errors_of(state, net))
+        opt.step()
+    return {"grads": applied, "local": local, "errors_by_step": errors, "state": state_of(net)}
+
+
+def _on_device(batches):
+    device = rank_device()
+    return [tuple(t.to(device) for t in batch) for batch in batches]
 
 
 def _errors_of(state, net):
@@ -110,18 +158,19 @@ def _errors_of(state, net):
     return out
 
 
-def local_sgd_run(local_sgd, model, seed, steps, per_rank, H, lr=LR):
+def _local_sgd_case(world_size, model, seed, steps, per_rank, H, lr=LR):
+    return _shares_case(world_size, model, seed, steps, per_rank, H=H, lr=lr)
+
+
+@splits(_local_sgd_case)
+def local_sgd_run(local_sgd, batches, ctx):
     """local_sgd(model, batches, lr, H) on this rank's shares of `steps` global batches.
 
-    Returns {"state" (after the call), "ops"}.
+    Returns {"state" (after the call)}; launch_run adds "ops".
     """
-    device = rank_device()
-    net = build_model(model, seed, device)
-    X, Y = task_data(steps, per_rank, dist.get_world_size(), seed)
-    batches = [my_share(X, Y, step, per_rank, device=device) for step in range(steps)]
-    with CommRecorder() as rec:
-        local_sgd(net, batches, lr, H)
-    return {"state": state_of(net), "ops": plain(rec.ops)}
+    net = build_model(ctx.shared["model"], ctx.shared["seed"], rank_device())
+    local_sgd(net, _on_device(batches), ctx.shared["lr"], ctx.shared["H"])
+    return {"state": state_of(net)}
 
 
 def async_batches(updates, per_update, seed, device=None):
@@ -131,15 +180,21 @@ def async_batches(updates, per_update, seed, device=None):
             for step in range(updates)]
 
 
-def async_run(async_sgd, model, seed, updates, per_update, delay, lr=LR):
+def _async_case(world_size, model, seed, updates, per_update, delay, lr=LR):
+    """The schedule every rank follows (the server and its workers alike): the one run whose data every
+    rank holds whole, by design."""
+    batches = async_batches(updates, per_update, seed)
+    return Case(parts=[batches] * world_size, shared=dict(model=model, seed=seed, delay=delay, lr=lr))
+
+
+@splits(_async_case)
+def async_run(async_sgd, batches, ctx):
     """async_sgd(model, batches, lr, delay) on a server (rank 0) and its workers, every rank holding
-    the whole schedule of batches. Returns {"state" (this rank's model after the call), "ops",
-    "seen": [(the flat parameters, the input rows) at each forward of this rank's model]} -- on a
-    worker, the version each of its gradients was computed at, which a test checks against the
-    schedule without trusting the server."""
-    device = rank_device()
-    net = build_model(model, seed, device)
-    batches = async_batches(updates, per_update, seed, device)
+    the whole schedule of batches. Returns {"state" (this rank's model after the call), "seen": [(the
+    flat parameters, the input rows) at each forward of this rank's model]} -- on a worker, the version
+    each of its gradients was computed at, which a test checks against the schedule without trusting
+    the server; launch_run adds "ops"."""
+    net = build_model(ctx.shared["model"], ctx.shared["seed"], rank_device())
     seen = []
 
     def note(module, args):
@@ -147,10 +202,8 @@ def async_run(async_sgd, model, seed, updates, per_update, delay, lr=LR):
         seen.append((flat, args[0].detach().clone() if args and isinstance(args[0], torch.Tensor) else None))
 
     net.register_forward_pre_hook(note)
-    with CommRecorder() as rec:
-        async_sgd(net, batches, lr, delay)
-    return {"state": state_of(net), "ops": plain(rec.ops), "seen": to_cpu(seen)}
-
+    async_sgd(net, _on_device(batches), ctx.shared["lr"], ctx.shared["delay"])
+    return {"state": state_of(net), "seen": to_cpu(seen)}
 
 
 def bucket_orders(model, steps=3, per_rank=4, seed=0):

@@ -24,9 +24,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from dpcourse.backend import rank_device
+from dpcourse.comm.volume import predicted_time
 from dpcourse.reference.splits import ceil_div
 from dpcourse.runtime.launcher import launch
-from dpcourse.topics.collectives.costmodel import predicted_time
 
 
 def ddp_steps_per_second(per_rank_batch=16, steps=8, warmup=2, width=8, size=12):

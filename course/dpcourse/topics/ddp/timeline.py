@@ -29,9 +29,9 @@ import torch.distributed as dist
 
 from dpcourse.backend import rank_device
 from dpcourse.comm.recorder import CommRecorder
-from dpcourse.topics.collectives.costmodel import format_bytes
 from dpcourse.toys.data import my_share, smooth_regression_data
 from dpcourse.toys.models import deep_mlp, loss_fn
+from dpcourse.viz.tables import format_bytes
 from dpcourse.viz.timelines import Span, draw_timeline
 from dpcourse.viz.widgets import explorer
 

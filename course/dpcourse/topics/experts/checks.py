@@ -14,10 +14,10 @@ test cell's process. Messages name the token, the expert, the rank holding it, a
 
 import torch
 
-from dpcourse.checks.core import describe
+from dpcourse.checks.core import TOLERANCES, describe
+from dpcourse.checks.tensors import close, expect_collectives, expect_tensor
+from dpcourse.comm.cases import members_of
 from dpcourse.topics.experts.models import ALPHA, aux_loss, capacity, choices, mixture, route, served
-from dpcourse.topics.sequence.checks import close
-from dpcourse.topics.tensor.checks import case_group, expect_collectives, expect_tensor
 
 F64 = 8
 ALL_TO_ALL = ("all_to_all_single", "all_to_all")
@@ -147,7 +147,8 @@ def _wrong_tokens(got, out, group):
     had every choice dropped)', to point at an expert or at the capacity."""
     if not isinstance(got, torch.Tensor) or got.shape != out["y"].shape:
         return ""
-    bad = ((got.double() - out["y"].detach()).abs() > 1e-8).any(dim=1).nonzero().flatten().tolist()
+    bad = ((got.double() - out["y"].detach()).abs() > TOLERANCES["float64 rows"][0]).any(dim=1)
+    bad = bad.nonzero().flatten().tolist()
     if not bad:
         return ""
     routed = [t for t in bad if out["kept"][t].any()]
@@ -181,9 +182,9 @@ def expect_moe(case_runs, case, what):
     moe, reference = moe_reference(case, world_size)
     n_experts = len(moe.experts)
     for run in case_runs:
-        _expect_held(run, moe, case_group(case, run.rank, world_size), what)
+        _expect_held(run, moe, members_of(case.get("groups"), run.rank, world_size), what)
     for run in case_runs:
-        group = case_group(case, run.rank, world_size)
+        group = members_of(case.get("groups"), run.rank, world_size)
         ref, where = reference[run.rank], f"{what}: rank {run.rank}"
         out = ref["out"]
         x = case["xs"][run.rank].double()

@@ -12,4 +12,9 @@
   pictures  the grid drawn from a learner's own groups; the planner widget
   realapi   torch's parallelize_module + fully_shard on a (dp, tp) DeviceMesh next to a learner's step
   bench     step times of layouts interleaved on 4 ranks, and the cost model calibrated here
+
+It builds on two earlier chapters' subjects, as the notebook does: notebook 08's tensor-parallel
+layers and models (topics.tensor.layers, topics.tensor.models, and topics.tensor.realapi's
+parallelize_module recipe) and notebook 07's pipeline stages (topics.pipeline.stages). It uses none of
+their machinery (runs, checks, benches, costs, measurements: tests/library/test_dpcourse_layers.py).
 """

@@ -24,10 +24,11 @@ import torch.distributed as dist
 from dpcourse.comm.volume import ring_traffic
 from dpcourse.runtime.launcher import launch
 from dpcourse.runtime.timing import interleaved_step_times
-from dpcourse.topics.hybrid.costs import cluster, predict
+from dpcourse.topics.hybrid.costs import predict
 from dpcourse.topics.hybrid.grid import mesh_grid
 from dpcourse.topics.hybrid.models import dp_pp_model, dp_tp_model, even_cuts, tensor_parallel_copy
 from dpcourse.topics.hybrid.pipeline import gpipe
+from dpcourse.toys.clusters import cluster
 from dpcourse.toys.models import loss_fn
 
 MLP_MODEL = dict(d_in=64, d_model=256, d_hidden=1024, d_out=64, blocks=4)  # the DP x TP layouts' model

@@ -25,15 +25,17 @@ import math
 import torch
 
 from dpcourse.checks.core import TOLERANCES, describe, number, ratio_hint
+from dpcourse.checks.tensors import close
 from dpcourse.comm.volume import ring_bytes
+from dpcourse.reference.shards import shard
 from dpcourse.topics.hybrid.grid import AXES, expected_grid
 from dpcourse.topics.hybrid.models import dp_pp_model, dp_tp_model, placement
 from dpcourse.topics.hybrid.runs import ORDER_RULE
 from dpcourse.topics.hybrid.traffic import dp_pp_bytes, dp_tp_bytes
-from dpcourse.topics.tensor.checks import shard
 from dpcourse.toys.models import loss_fn as mse_loss
 
 ATOL, RTOL = TOLERANCES[torch.float64]  # float64, a few steps
+SCALAR = TOLERANCES["float64 scalar"]  # a loss or a prediction against its formula
 
 # --------------------------------------------------------------------------- grids
 
@@ -165,11 +167,6 @@ def reference_training(model, batches, lr, dp):
     return out
 
 
-def _close(got, expected):
-    return (isinstance(got, torch.Tensor) and got.shape == expected.shape
-            and torch.allclose(got.double(), expected.double(), atol=ATOL, rtol=RTOL))
-
-
 def _fail_report(case_runs, what, describe_rank=None, where=None):
     """A step raised on some rank: name the first rank that raised of its own accord (not one that
     only waited for a peer); for a pure wait, describe_rank(run) says where each rank was."""
@@ -255,11 +252,11 @@ def _expect_param(got, expected, before, previous_update, where):
         raise AssertionError(f"{where} is missing")
     if got.shape != expected.shape:
         raise AssertionError(f"{where} has shape {tuple(got.shape)}, expected {tuple(expected.shape)}")
-    if _close(got, expected):
+    if close(got, expected, torch.float64):
         return
     update, right = got.double() - before.double(), expected.double() - before.double()
     hint = ratio_hint(update, right)
-    if _close(update, torch.zeros_like(right)):
+    if close(update, torch.zeros_like(right), torch.float64):
         hint = " -- it did not change: was the update applied (p -= lr * grad, under torch.no_grad())?"
     elif previous_update is not None and _multiple_of(update - right, previous_update):
         hint = (" -- the previous step's gradient was added in again: gradients accumulate in .grad, so "
@@ -273,17 +270,17 @@ def _expect_param(got, expected, before, previous_update, where):
 def _expect_loss(run, step, expected_losses, whole, replica, what):
     got = run.losses[step] if step < len(run.losses) else None
     want = expected_losses[replica]
-    if isinstance(got, (int, float)) and math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-12):
+    if isinstance(got, (int, float)) and math.isclose(got, want, rel_tol=SCALAR[1], abs_tol=SCALAR[0]):
         return
     hint = ""
     if isinstance(got, (int, float)):
         other = [d for d, v in enumerate(expected_losses)
-                 if math.isclose(got, v, rel_tol=1e-9, abs_tol=1e-12)]
+                 if math.isclose(got, v, rel_tol=SCALAR[1], abs_tol=SCALAR[0])]
         if other:
             hint = (f" -- that is the loss of replica {other[0]}'s rows: rank {run.rank} is in replica "
                     f"{replica} "
                     f"(grid.coords['dp']); slice the batch by the dp coordinate, not by the world rank")
-        elif math.isclose(got, whole, rel_tol=1e-9):
+        elif math.isclose(got, whole, rel_tol=SCALAR[1]):
             hint = (f" -- that is the loss of the whole batch: each replica trains on its "
                     f"1/{len(expected_losses)} of the rows")
     raise AssertionError(f"{what}: rank {run.rank}'s loss in step {step + 1} is {number(got)}, expected "
@@ -507,7 +504,8 @@ def expect_plan(outcome, model, cluster, best, what):
         raise AssertionError(f"{what} returned {layout}, which is no layout of this model on this cluster: "
                              f"{error}") from None
     for key in ("time", "memory"):
-        if not isinstance(got[key], (int, float)) or not math.isclose(got[key], predicted[key], rel_tol=1e-9):
+        if not isinstance(got[key], (int, float)) or not math.isclose(got[key], predicted[key],
+                                                                     rel_tol=SCALAR[1]):
             raise AssertionError(f"{what} returned {key} = {got[key]!r} for {layout}; predict gives "
                                  f"{predicted[key]:.6g}: return the values predict computes")
     if predicted["memory"] > cluster["memory"]:
@@ -515,7 +513,7 @@ def expect_plan(outcome, model, cluster, best, what):
                              "GPU: "
                              f"more than the {cluster['memory'] / 1e9:g} GB the GPUs have")
     best_time = predict(model, cluster, **best)["time"]
-    if predicted["time"] > best_time * (1 + 1e-9):
+    if predicted["time"] > best_time * (1 + SCALAR[1]):
         raise AssertionError(f"{what} returned {layout}, predicted {predicted['time']:.6g} s per step; "
                              f"{best} "
                              f"fits and takes {best_time:.6g} s: try every dp, tp, pp and micro-batch count")

@@ -39,8 +39,9 @@ FLOPs, overlap of communication with computation, and the repeated forward all-r
 recomputation. Used by notebook 09 (its planner exercise, its widget and its written answer).
 """
 
-from dpcourse.topics.collectives.costmodel import predicted_time
-from dpcourse.topics.zero.memory import model_state_bytes
+from dpcourse.comm.volume import predicted_time
+from dpcourse.reference.memory import model_state_bytes
+from dpcourse.toys.clusters import gpus, link
 
 ZERO_STAGES = {0: "DDP", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}
 
@@ -54,27 +55,6 @@ GPT_7B = dict(name="GPT 7B", params=6.7e9, layers=32, hidden=4096, heads=32, seq
 GPT_175B = dict(name="GPT-3 175B", params=175e9, layers=96, hidden=12288, heads=96, seq=2048, batch=1536,
                 recompute=True)
 MODELS = {m["name"]: m for m in (BERT_LARGE, GPT_1_3B, GPT_7B, GPT_175B)}
-
-
-def cluster(nodes=32, gpus_per_node=8, memory=80e9, flops=140e12, intra_bandwidth=300e9, inter_bandwidth=25e9,
-            intra_latency=5e-6, inter_latency=10e-6):
-    """A cluster as a dict. Defaults: A100 80 GB nodes of 8 GPUs, 140 TFLOP/s sustained per GPU (what
-    Narayanan et al. 2021 measure end to end for a 76B model, 45 % of the 312 TFLOP/s peak), NVLink at
-    300 GB/s and one 200 Gb/s HDR InfiniBand card per GPU (25 GB/s)."""
-    return dict(nodes=nodes, gpus_per_node=gpus_per_node, memory=memory, flops=flops,
-                intra_bandwidth=intra_bandwidth, inter_bandwidth=inter_bandwidth, intra_latency=intra_latency,
-                inter_latency=inter_latency)
-
-
-def gpus(cluster):
-    return cluster["nodes"] * cluster["gpus_per_node"]
-
-
-def link(cluster, span):
-    """(alpha, beta) of a group spanning `span` consecutive ranks: NVLink if it fits a node."""
-    if cluster["gpus_per_node"] % span == 0:
-        return cluster["intra_latency"], cluster["intra_bandwidth"]
-    return cluster["inter_latency"], cluster["inter_bandwidth"]
 
 
 def check_layout(model, cluster, dp, tp, pp, micro):

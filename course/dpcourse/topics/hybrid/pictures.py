@@ -16,8 +16,9 @@ under that assumption, which `plan` cannot see). Used by notebook 09.
 
 import matplotlib.pyplot as plt
 
-from dpcourse.topics.hybrid.costs import MODELS, cluster, fastest, format_layout, gpus, predict
+from dpcourse.topics.hybrid.costs import MODELS, fastest, format_layout, predict
 from dpcourse.topics.hybrid.grid import AXES
+from dpcourse.toys.clusters import cluster, gpus
 from dpcourse.viz.colours import rank_colour
 
 AXIS_NAMES = {"dp": "data-parallel groups (dp)", "pp": "pipeline groups (pp)", "tp": "tensor-parallel "

@@ -22,23 +22,21 @@ other rank's k-th before creating it, and raises `GroupOrderError` instead of ha
 records go back to the caller, which judges the order itself (under the grader, groups need no
 rendezvous, so nothing hangs and the records are all there is to judge).
 
-While grading, every collective goes through the grader's router, whose log
-(`observed_traffic`) must be the calls the ranks recorded, in order; the bytes and groups the
-checks use are then the router's.
+These are its per-case functions on the course's one case runner (dpcourse.comm.cases): every
+rank is sent the case as the exercise hands it to every rank (the grid's sizes, the model's
+arguments, the global batch: a replica takes its rows itself), and while grading the calls of each
+step are the grader's router's (bytes, groups), cut where the rank's recorder says each step began.
 """
 
 import json
-from dataclasses import dataclass, field
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-from dpcourse.comm.calls import WAITED
-from dpcourse.comm.recorder import CommOp, CommRecorder
+from dpcourse.comm.cases import WAITED, Case, run_cases
+from dpcourse.comm.provenance import Copies
 from dpcourse.grading.routed import BACKEND as ROUTED
-from dpcourse.runtime.inside_rank import to_cpu
-from dpcourse.runtime.launcher import launch, observed_traffic
 from dpcourse.runtime.timeouts import TIMEOUTS
 from dpcourse.topics.hybrid.grid import AXES, mesh_grid
 from dpcourse.topics.hybrid.models import dp_pp_model, dp_tp_model, tensor_parallel_copy
@@ -136,23 +134,27 @@ def _grid_report(grid):
     return report
 
 
-def _grid_side(fn, cases, exercise):
-    reports = []
-    for index, case in enumerate(cases):
-        watch = GroupWatch(prefix=f"dpcourse-grid/{index}")
-        try:
-            with watch:
-                grid = fn(case["dp"], case["tp"], pp=case.get("pp", 1))
-            report = _grid_report(grid)
-        except GroupOrderError as exc:
-            report = {"error": f"GroupOrderError: {exc}"}
-        except Exception as exc:  # noqa: BLE001 - reported: bad sizes must raise a ValueError
-            report = {"error": f"{type(exc).__name__}: {exc}"[:600]}
-        report["created"] = watch.created
-        reports.append(report)
-        if report.get("error", "").startswith("GroupOrderError"):
-            break  # the other ranks are out of step: later cases would only add confusion
-    return reports
+_OUT_OF_STEP = []  # inside a rank: a GroupOrderError happened; later cases would only add confusion
+
+
+def grid_case(fn, part, ctx):
+    """Rank side: fn(dp, tp, pp=pp) under a GroupWatch; what it built, or what it raised (bad sizes must
+    raise a ValueError: a report, not a failure)."""
+    if _OUT_OF_STEP:
+        return {"error": "did not run this case"}
+    watch = GroupWatch(prefix=f"dpcourse-grid/{ctx.case.index}")
+    try:
+        with watch:
+            grid = fn(ctx.shared["dp"], ctx.shared["tp"], pp=ctx.shared.get("pp", 1))
+        report = _grid_report(grid)
+    except GroupOrderError as exc:
+        report = {"error": f"GroupOrderError: {exc}"}
+        _OUT_OF_STEP.append(True)
+        ctx.ended = "the ranks created their groups in different orders"
+    except Exception as exc:  # noqa: BLE001 - reported: bad sizes must raise a ValueError
+        report = {"error": f"{type(exc).__name__}: {exc}"[:600]}
+    report["created"] = watch.created
+    return report
 
 
 def run_grid_cases(fn, world_size, cases, *, exercise="make_grid_groups",
@@ -160,34 +162,14 @@ def run_grid_cases(fn, world_size, cases, *, exercise="make_grid_groups",
     """Launch world_size ranks; in each case every rank calls fn(dp, tp, pp=pp). Returns
     reports[case][rank]: {"sizes", "coords", "members": {axis: world ranks}, "created": [members of
     each group it created, in order], "error": "Type: message" when fn raised}."""
-    per_rank = launch(_grid_side, world_size, fn, cases, exercise, group_timeout=group_timeout)
-    return [[per_rank[rank][i] if i < len(per_rank[rank]) else {"error": "did not run this case"}
-             for rank in range(world_size)] for i in range(len(cases))]
+    runnable = [Case(parts=[()] * world_size, shared=dict(case), label=case.get("label"), about=case)
+                for case in cases]
+    runs = run_cases(grid_case, fn, world_size, runnable, exercise=exercise, group_timeout=group_timeout)
+    return [[dict(run.values) if run.group is not None else {"error": "did not run this case"}
+             for run in case_runs] for case_runs in runs.unchecked]
 
 
 # --------------------------------------------------------------------------- training on a grid
-
-@dataclass
-class HybridRun:
-    """What one rank did in one case of a hybrid training run (built by the caller)."""
-
-    rank: int
-    losses: list = field(default_factory=list)  # what the step returned, step by step (as a float)
-    loss_types: list = field(default_factory=list)  # its type, in words (runs._type_of)
-    params: list = field(default_factory=list)  # {name: tensor} after each step (local slices)
-    steps: list = field(default_factory=list)  # CommOp lists, one per step
-    error: str | None = None  # the step raised (a wait that timed out included)
-    failed_step: int | None = None  # in which step
-
-
-def _plain(ops):
-    return [[o.op, o.peer, o.nbytes, o.start, o.end, list(o.group) if o.group else None] for o in ops]
-
-
-def _ops(rows):
-    return [CommOp(op, peer, nbytes, start, end, tuple(group) if group else None)
-            for op, peer, nbytes, start, end, group in rows or ()]
-
 
 def _type_of(value):
     """What a step returned, in words: "float", "None", or "torch.Tensor (requires_grad=True)"."""
@@ -198,30 +180,37 @@ def _type_of(value):
     return f"{type(value).__module__}.{type(value).__qualname__}".removeprefix("builtins.")
 
 
-def _train(case, exercise, build, call):
-    """Inside a rank: build the case's objects, then run the learner's step once per batch."""
-    rank = dist.get_rank()
-    with CommRecorder(exercise=exercise) as setup:
-        objects = build(case)
-    report = {"setup": _plain(setup.ops), "losses": [], "loss_types": [], "params": [], "steps": []}
-    for step, (x, y) in enumerate(case["batches"]):
-        recorder = CommRecorder(exercise=exercise)
+STOPPED = {"error": "stopped before this case: an earlier case failed", "failed_step": 0}
+DEFAULTS = {"losses": [], "loss_types": [], "params": [], "steps": [], "setup": [], "error": None,
+            "failed_step": None, "waited": False}
+
+
+def train_case(step, batches, ctx):
+    """Rank side: build the case's objects (phase "setup"), then run the learner's step once per (global)
+    batch, each in a phase of its own ("step 0", ...). A step that raises is reported (the checks say
+    what went wrong), and ends the rank's cases."""
+    case = dict(ctx.shared)
+    build, call = (_dp_tp_build, _dp_tp_call(step)) if case["kind"] == "dp_tp" else (
+        _dp_pp_build, _dp_pp_call(step, case["pipeline_step"]))
+    ctx.phase("setup")
+    objects = build(case)
+    report = {"losses": [], "loss_types": [], "params": []}
+    for index, (x, y) in enumerate(batches):
+        ctx.phase(f"step {index}")
         try:
-            with recorder:
-                loss = call(objects, x.clone(), y.clone(), case)
+            loss = call(objects, x.clone(), y.clone(), case)
         except Exception as exc:  # noqa: BLE001 - reported with where it happened
             waited = isinstance(exc, RuntimeError) and WAITED.search(str(exc))
-            report.update(error=f"{type(exc).__name__}: {exc}"[:800], failed_step=step, waited=bool(waited))
-            report["steps"].append(_plain(recorder.ops))
+            report.update(error=f"{type(exc).__name__}: {exc}"[:800], failed_step=index, waited=bool(waited))
+            ctx.ended = report["error"]
             break
         report["losses"].append(float(loss) if isinstance(loss, (int, float, torch.Tensor)) and
                                 (not isinstance(loss, torch.Tensor) or loss.numel() == 1) else
                                 (None if loss is None else repr(loss)[:120]))
         report["loss_types"].append(_type_of(loss))
-        report["steps"].append(_plain(recorder.ops))
         report["params"].append({n: p.detach().clone() for n, p in objects["model"].named_parameters()})
-    report["rank"] = rank
-    return to_cpu(report)
+    report["rank"] = ctx.rank
+    return report
 
 
 def _dp_tp_build(case):
@@ -252,73 +241,54 @@ def _dp_pp_call(step, pipeline_step):
     return call
 
 
-def _side(kind, step, cases, exercise, pipeline_step=None, timeout=None, make_block=None):
-    reports = []
-    for case in cases:
-        case = dict(case, timeout=timeout, make_block=make_block)
-        if kind == "dp_tp":
-            reports.append(_train(case, exercise, _dp_tp_build, _dp_tp_call(step)))
-        else:
-            reports.append(_train(case, exercise, _dp_pp_build, _dp_pp_call(step, pipeline_step)))
-        if reports[-1].get("error"):
-            break
-    return reports
+def replica_gradients(model, batches, lr, dp):
+    """Per data-parallel replica, its gradient (of the mean loss over its rows, batch.tensor_split(dp))
+    at every step, flattened end to end, the model trained as hybrid.checks.reference_training trains it
+    (SGD on the whole batch's mean loss): what each replica's dp all-reduce must carry."""
+    params = list(model.parameters())
+    out = [[] for _ in range(dp)]
+    for x, y in batches:
+        for d, (xd, yd) in enumerate(zip(x.tensor_split(dp), y.tensor_split(dp), strict=True)):
+            out[d] += [g.reshape(-1) for g in torch.autograd.grad(mse_loss(model(xd), yd), params)]
+        grads = torch.autograd.grad(mse_loss(model(x), y), params)
+        with torch.no_grad():
+            for p, g in zip(params, grads, strict=True):
+                p -= lr * g
+    return [torch.cat(g).detach() for g in out]
 
 
-def _runs(per_rank, cases, exercise):
-    world = len(per_rank)
-    runs = []
-    for index in range(len(cases)):
-        case_runs = []
-        for rank in range(world):
-            report = per_rank[rank][index] if index < len(per_rank[rank]) else {
-                "error": "stopped before this case: an earlier case failed", "failed_step": 0}
-            run = HybridRun(rank, losses=list(report.get("losses") or ()),
-                            loss_types=list(report.get("loss_types") or ()),
-                            params=list(report.get("params") or ()),
-                            steps=[_ops(s) for s in report.get("steps") or ()], error=report.get("error"),
-                            failed_step=report.get("failed_step"))
-            run.setup = _ops(report.get("setup"))
-            run.waited = bool(report.get("waited"))
-            case_runs.append(run)
-        runs.append(case_runs)
-    _take_router_log(runs, exercise)
+def dp_replay(case, world_size, kind):
+    """What a training case's dp all-reduces must carry (provenance.Copies): each rank's replica's
+    gradient (or that divided by dp), never made up; the tp collectives and the pipeline's messages are
+    not replayed (their values are activations and partial sums)."""
+    dp, other = case["grid"]
+    model = (dp_tp_model if kind == "dp_tp" else dp_pp_model)(**case["model"])
+    grads = replica_gradients(model, case["batches"], case["lr"], dp)
+    mesh = torch.arange(world_size).view(dp, other)
+    dp_groups = {tuple(mesh[:, j].tolist()) for j in range(other)}
+    derived = [[(None, torch.cat([grads[r // other], grads[r // other] / dp]))] for r in range(world_size)]
+    return Copies([None] * world_size, derived=derived,
+                  only=lambda event: event[0] == "collective" and tuple(event[1]) in dp_groups)
+
+
+def _train_cases(step, world_size, cases, exercise, group_timeout, deadline, **shared):
+    """Every training case on the same ranks; runs[case][rank], with `steps` (the calls of each step,
+    the router's while graded) and `setup` among its values."""
+    runnable = [Case(parts=[list(case["batches"])] * world_size,
+                     shared={**{k: v for k, v in case.items() if k != "batches"}, **shared},
+                     label=case.get("label"), about=case, replay=dp_replay(case, world_size, shared["kind"]))
+                for case in cases]
+    runs = run_cases(train_case, step, world_size, runnable, exercise=exercise, group_timeout=group_timeout,
+                     deadline=deadline, defaults=DEFAULTS)
+    for case_runs in runs.unchecked:
+        for run in case_runs:
+            if run.group is None:  # it stopped at an earlier case's error
+                run.values.update(STOPPED)
+                continue
+            run.values["setup"] = run.phases.get("setup", [])
+            run.values["steps"] = [run.phases[f"step {i}"] for i in range(len(run.phases))
+                                   if f"step {i}" in run.phases]
     return runs
-
-
-def _take_router_log(runs, exercise):
-    """While grading: each rank's recorded calls, in order, must be the router's; then the CommOps
-    (bytes, groups, peers) become the router's own. A rank whose step raised may have recorded a
-    last call the router refused before seeing it (a message to itself, say)."""
-    traffic = observed_traffic()
-    if traffic is None:
-        return
-    for rank, seen in enumerate(traffic):
-        recorded = [(case_runs[rank], where, i) for case_runs in runs
-                    for where, ops in [("setup", case_runs[rank].setup)] +
-                    [(s, ops) for s, ops in enumerate(case_runs[rank].steps)] for i in range(len(ops))]
-        recorded = [r for r in recorded if _op_at(*r).op != "barrier"]
-        names = [_op_at(*r).op for r in recorded]
-        routed = [o for o in seen if o.op != "barrier"]
-        failed = any(case_runs[rank].error for case_runs in runs)
-        agree = names == [o.op for o in routed] or (
-            failed and names[:len(routed)] == [o.op for o in routed] and len(names) - len(routed) <= 1)
-        if not agree:
-            raise AssertionError(
-                f"{exercise}: rank {rank} issued {len(routed)} call(s) as the grader's router saw them "
-                f"({', '.join(o.op for o in routed[:8]) or 'none'}), but recorded {len(names)} "
-                f"({', '.join(names[:8]) or 'none'}): every collective and message must go through "
-                f"torch.distributed where the recorder sees it")
-        for (run, where, i), op in zip(recorded, routed, strict=False):
-            _set_op(run, where, i, op)
-
-
-def _op_at(run, where, i):
-    return run.setup[i] if where == "setup" else run.steps[where][i]
-
-
-def _set_op(run, where, i, op):
-    (run.setup if where == "setup" else run.steps[where])[i] = op
 
 
 def raise_failure(case_runs):
@@ -339,11 +309,11 @@ def run_dp_tp_cases(step, cases, *, exercise="hybrid_dp_tp_step", world_size=4, 
     """Launch the ranks once; each case builds a (dp, tp) grid with init_device_mesh and the
     tensor-parallel copy of `dp_tp_model(**case["model"])` on its tp axis, then calls
     step(model, grid, x, y, loss_fn, lr) for each (x, y) of case["batches"] (the global batch,
-    the same on every rank). Returns runs[case][rank] (HybridRun). make_block(mlp, grid): build each
-    block's tensor-parallel MLP another way (a learner's own from notebook 08)."""
-    per_rank = launch(_side, world_size, "dp_tp", step, cases, exercise, timeout=group_timeout,
-                      make_block=make_block, group_timeout=group_timeout, deadline=deadline)
-    return _runs(per_rank, cases, exercise)
+    the same on every rank). Returns runs[case][rank] (comm.cases.RankRun: losses, loss_types, params,
+    steps, setup, error, failed_step, waited). make_block(mlp, grid): build each block's tensor-parallel
+    MLP another way (a learner's own from notebook 08)."""
+    return _train_cases(step, world_size, cases, exercise, group_timeout, deadline, kind="dp_tp",
+                        timeout=group_timeout, make_block=make_block)
 
 
 def run_dp_pp_cases(step, cases, *, exercise="hybrid_dp_pp_step", pipeline_step=gpipe, world_size=4,
@@ -351,25 +321,24 @@ def run_dp_pp_cases(step, cases, *, exercise="hybrid_dp_pp_step", pipeline_step=
     """Launch the ranks once; each case builds a (dp, pp) grid with init_device_mesh and the whole
     `dp_pp_model(**case["model"])` on every rank, then calls step(model, cuts, grid, x, y, loss_fn,
     n_micro, lr, pipeline_step) for each (x, y) of case["batches"]. Returns runs[case][rank]."""
-    per_rank = launch(_side, world_size, "dp_pp", step, cases, exercise, pipeline_step, timeout=group_timeout,
-                      group_timeout=group_timeout, deadline=deadline)
-    return _runs(per_rank, cases, exercise)
+    return _train_cases(step, world_size, cases, exercise, group_timeout, deadline, kind="dp_pp",
+                        timeout=group_timeout, pipeline_step=pipeline_step)
 
 
 # --------------------------------------------------------------------------- the planner
 
-def _plan_side(plan, cases):
-    outcomes = []
-    for model, cluster in cases:
-        try:
-            result = plan(dict(model), dict(cluster))
-            outcomes.append({"result": result if isinstance(result, dict) else repr(result)[:200]})
-        except Exception as exc:  # noqa: BLE001 - reported: nothing fitting must raise a ValueError
-            outcomes.append({"error": type(exc).__name__, "message": str(exc)[:600]})
-    return outcomes
+def plan_case(plan, part, ctx):
+    """Rank side: plan(model, cluster), or what it raised (nothing fitting must raise a ValueError)."""
+    model, cluster = part
+    try:
+        result = plan(dict(model), dict(cluster))
+        return {"result": result if isinstance(result, dict) else repr(result)[:200]}
+    except Exception as exc:  # noqa: BLE001 - reported: nothing fitting must raise a ValueError
+        return {"error": type(exc).__name__, "message": str(exc)[:600]}
 
 
 def run_plan_cases(plan, cases):
     """Call plan(model, cluster) for each (model, cluster) in one rank (one launch for all cases);
     [{"result": what it returned} or {"error": exception type, "message": ...}, ...]."""
-    return launch(_plan_side, 1, plan, list(cases))[0]
+    runs = run_cases(plan_case, plan, 1, [Case(parts=[tuple(c)]) for c in cases], exercise="plan")
+    return [dict(case_runs[0].values) for case_runs in runs]

@@ -3,7 +3,7 @@
     variants = {"yours": schedule_runner(run_schedule, one_f_one_b), "torch 1F1B": torch_runner("1F1B")}
     times = launch(pipeline_step_times, 4, variants, partial(layer_stack, [512] * 9, dtype=torch.float32),
                    [0, 4, 8, 12, 15], X, Y, 8)[0]
-    paired_ratios(times, "torch 1F1B", steps=3)          # dpcourse.topics.ddp.bench
+    paired_ratios(times, "torch 1F1B", steps=3)          # dpcourse.toys.bench
 
 A variant is a factory `make(stage, loss_fn, n_micro) -> step(batch, targets)` called once
 per rank, so that what an implementation builds once (torch's PipelineStage and schedule,

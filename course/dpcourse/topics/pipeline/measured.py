@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from dpcourse.backend import rank_device
-from dpcourse.comm.calls import launch_run
+from dpcourse.comm.cases import Case, run_cases
 from dpcourse.runtime.inside_rank import memory_mark
 from dpcourse.runtime.launcher import launch_options, observed_memory
 from dpcourse.topics.pipeline.stages import layer_stack, make_stage
@@ -80,19 +80,20 @@ def _give_back_freed_memory():
             pass
 
 
-def schedule_memory_run(run_schedule, schedules):
-    """Rank side: a warm-up step, then "before", then "after forward i" at each forward of the stage."""
+def schedule_memory_run(run_schedule, schedule, ctx):
+    """Rank side (the case runner's per-case function, sent this stage's schedule): a warm-up step, then
+    "before", then "after forward i" at each forward of the stage."""
     rank = dist.get_rank()
     stage = make_stage(memory_model(), CUTS, rank, device=rank_device())
     batch, targets = memory_data()
-    run_schedule(stage, batch, targets, loss_fn, list(schedules[rank]))
+    run_schedule(stage, batch, targets, loss_fn, list(schedule))
     stage.module.zero_grad(set_to_none=False)  # gradients stay allocated: the step adds into them
     _give_back_freed_memory()
     forwards = itertools.count()
     hook = stage.module.register_forward_hook(lambda *_: memory_mark(f"after forward {next(forwards)}"))
     memory_mark("before")
     try:
-        run_schedule(stage, batch, targets, loss_fn, list(schedules[rank]))
+        run_schedule(stage, batch, targets, loss_fn, list(schedule))
     finally:
         hook.remove()
     return {"forwards": next(forwards)}
@@ -102,8 +103,9 @@ def expect_schedule_memory(run_schedule, schedules, what, in_flight, hint):
     """Launch run_schedule on the measured model with `schedules` (one list per stage) and check that
     stage s never held more than in_flight[s] micro-batches' activations (+ SLACK) after a forward.
     Nothing when not graded."""
-    with launch_options(measure_memory=True, exercise="run_schedule"):
-        launch_run(schedule_memory_run, STAGES, run_schedule, schedules)
+    with launch_options(measure_memory=True):
+        run_cases(schedule_memory_run, run_schedule, STAGES, [Case(parts=[list(s) for s in schedules])],
+                  exercise="run_schedule")[0]
     measured = observed_memory()
     if measured is None:
         return

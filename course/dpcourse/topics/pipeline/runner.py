@@ -13,8 +13,9 @@ Every rank builds the same model from `make_model`, keeps its stage (`make_stage
 `step(stage, batch, targets, loss_fn, *extra)`, where extra is (n_micro,) for GPipe-like
 steps, (this stage's schedule,) when the case has a schedule, and nothing otherwise. It runs
 under the recorder of notebooks 03-04 with p2p_only (a collective, or the process-group
-bypass, is refused) and a 3 s receive timeout; `dpcourse.comm.calls.run_cases` does the
-launching and the deadlock diagnosis, and `describe_stage` words it in pipeline terms.
+bypass, is refused) and a 3 s receive timeout; the case runner (`dpcourse.comm.cases`) does the
+launching and the deadlock diagnosis, and `describe_stage` words it in pipeline terms. Each rank
+is sent its own stage's part of the case only (`PipelineCase.for_rank`).
 
 How a stage is watched (StageWatch), so the learner's code needs no instrumenting:
   * forward of micro-batch k: a forward pre-hook and hook on the stage module (the k-th call
@@ -58,7 +59,8 @@ from functools import partial
 import torch
 
 from dpcourse.backend import rank_device
-from dpcourse.comm.calls import GROUP_TIMEOUT, Prepared, run_cases
+from dpcourse.comm.cases import Case, run_cases
+from dpcourse.comm.p2p import GROUP_TIMEOUT
 from dpcourse.comm.recorder import PeerError
 from dpcourse.topics.pipeline.stages import boundary_widths, check_cuts, make_stage
 from dpcourse.toys.models import loss_fn as mse_loss
@@ -173,15 +175,10 @@ def _given(model):
     return copy.deepcopy(model)
 
 
-def _own_part(case, rank):
-    """run_cases' own_part for a pipeline case: the PipelineCase as rank `rank` may see it."""
-    return dict(case, pipeline=case["pipeline"].for_rank(rank))
-
-
 class StageWatch:
     """Inside a rank: when each forward and backward of a stage ran, and how many micro-batches it held.
 
-    See the module docstring. Used as the `watch` of a `Prepared` (dpcourse.comm.calls).
+    See the module docstring. Entered by the rank side of run_pipeline_cases around the step.
     """
 
     def __init__(self, stage, given=()):
@@ -378,20 +375,19 @@ class _Held:
         self.tensor = tensor
 
 
-def _prepare(rank, case):
-    """Inside a rank: build the model, keep this rank's stage, hand the step its arguments."""
-    pipeline = case["pipeline"]
-    if rank not in pipeline.ranks:
-        return None  # not in this pipeline: sit the case out
-    index = pipeline.stage_of(rank)
+def stage_case(step, pipeline, ctx):
+    """Rank side (the case runner's per-case function): build this rank's stage from its own part of
+    the case, run the step under a StageWatch, report what it returned."""
+    index = pipeline.stage_of(ctx.rank)
     device = rank_device()
     stage = make_stage(pipeline.make_model(), pipeline.cuts, index, ranks=pipeline.ranks, device=device)
     args = (stage, pipeline.batch.to(device).clone(), pipeline.targets.to(device).clone(),
             pipeline.loss_fn, *pipeline.extra_args(index))
     watch = StageWatch(stage, given=args[1:3])
-    if pipeline.warmup:
-        return Prepared((case["step"], pipeline.warmup, *args), watch=watch)
-    return Prepared(args, watch=watch)
+    ctx.observe, ctx.where, ctx.hint, ctx.not_written = watch.observed, watch.where, watch.hint, ctx.exercise
+    with watch:
+        result = _after_warmup(step, pipeline.warmup, *args) if pipeline.warmup else step(*args)
+    return {"result": result}
 
 
 def _after_warmup(step, warmup, stage, *args):
@@ -417,10 +413,9 @@ NEIGHBOUR_ADVICE = (
     "ranks {ranks}, in stage order), not rank - 1 and rank + 1.")
 
 
-def pipeline_advice(group, case):
+def pipeline_advice(group, pipeline):
     """What a deadlock message advises: the neighbours when a stage named a non-neighbour (a wrong
     peer deadlocks too, and isend would not help), else how sends and receives must be ordered."""
-    pipeline = case["pipeline"] if isinstance(case, dict) else case
     for call in group:
         if call.rank not in pipeline.ranks:
             continue
@@ -431,27 +426,34 @@ def pipeline_advice(group, case):
 
 
 def run_pipeline_cases(step, cases, *, exercise, group_timeout=GROUP_TIMEOUT, deadline=None):
-    """Run several PipelineCases in one launch (a launch costs ~0.2-0.5 s); yield each case's Calls.
+    """Run several PipelineCases in one launch (a launch costs ~0.2-0.5 s); runs[case][rank] (RankRun).
 
     The launch has as many ranks as the largest placement needs; a rank outside a case's placement
-    sits that case out (its Call has group_rank None). Calls are in world-rank order (`by_stage`
-    reorders them). A deadlock or a collective raises an AssertionError naming stages, ranks and
-    micro-batches when its case is reached.
+    sits that case out (its run has group None). Runs are in world-rank order (`by_stage` reorders
+    them). A deadlock or a collective raises an AssertionError naming stages, ranks and micro-batches
+    when its case is reached.
     """
     cases = [case.validate() for case in cases]
     world_size = 1 + max(max(case.ranks) for case in cases)
     if len({bool(case.warmup) for case in cases}) != 1:
         raise ValueError("cases of one launch must all have a warm-up, or none")
-    runnable = [dict(pipeline=case, label=case.label, step=step, own_part=_own_part) for case in cases]
-    yield from run_cases(_after_warmup if cases[0].warmup else step, world_size, runnable, exercise=exercise,
-                         group_timeout=group_timeout, deadline=deadline, prepare=_prepare,
-                         describe=describe_stage, advice=pipeline_advice)
+    runnable = [as_case(case, world_size) for case in cases]
+    return run_cases(stage_case, step, world_size, runnable, exercise=exercise, p2p_only=True,
+                     group_timeout=group_timeout, deadline=deadline, describe=describe_stage,
+                     advice=pipeline_advice)
+
+
+def as_case(case, world_size):
+    """A PipelineCase as the case runner's Case: each rank in the placement is sent its own stage's part
+    (PipelineCase.for_rank), the others sit it out."""
+    return Case(parts=[case.for_rank(r) if r in case.ranks else None for r in range(world_size)],
+                label=case.label, about=case)
 
 
 def run_pipeline(step, case, *, exercise, group_timeout=GROUP_TIMEOUT, deadline=None):
-    """Run one PipelineCase; return one Call per world rank."""
-    return next(run_pipeline_cases(step, [case], exercise=exercise, group_timeout=group_timeout,
-                                   deadline=deadline))
+    """Run one PipelineCase; return one RankRun per world rank."""
+    return run_pipeline_cases(step, [case], exercise=exercise, group_timeout=group_timeout,
+                              deadline=deadline)[0]
 
 
 def by_stage(calls, case):
@@ -476,9 +478,8 @@ def _stage_name(case, rank):
     return f"stage {case.stage_of(rank)}" if rank in case.ranks else "no stage"
 
 
-def describe_stage(call, case):
+def describe_stage(call, pipeline):
     """One line of a deadlock message: what this stage was waiting for, in micro-batches."""
-    pipeline = case["pipeline"] if isinstance(case, dict) else case
     index = pipeline.stage_of(call.rank)
     who = f"stage {index} (rank {call.rank})"
     strays = _strays(call, pipeline, index)

@@ -21,6 +21,8 @@ import math
 
 import torch
 
+from dpcourse.checks.tensors import close, expect_collectives, expect_parameters_held, expect_tensor
+from dpcourse.comm.cases import members_of
 from dpcourse.comm.volume import bytes_sent
 from dpcourse.topics.sequence.measure import LayerNormBytes
 from dpcourse.topics.sequence.models import (
@@ -31,14 +33,6 @@ from dpcourse.topics.sequence.models import (
     visible_pairs,
 )
 from dpcourse.topics.sequence.runs import case_positions, case_tensors, piece
-from dpcourse.topics.tensor.checks import (
-    ATOL,
-    RTOL,
-    case_group,
-    expect_collectives,
-    expect_parameters_held,
-    expect_tensor,
-)
 
 F64 = 8
 GATHER = ("all_gather", "all_gather_into_tensor")
@@ -47,13 +41,6 @@ ALL_TO_ALL = ("all_to_all_single", "all_to_all")
 BLOCK = {"norm.weight": "replicated", "norm.bias": "replicated", "fc1.weight": "column", "fc1.bias": "column",
          "fc2.weight": "row", "fc2.bias": "replicated"}
 PARTIAL = ("norm.weight", "norm.bias", "fc2.bias")  # replicated, used on this rank's tokens only
-
-
-def close(got, expected):
-    """got equals expected within the float64 tolerance of tensor.checks (same shape, no NaN): the cheap
-    test that runs before a mismatch's known mistakes are worked out."""
-    return (isinstance(got, torch.Tensor) and got.shape == expected.shape
-            and torch.allclose(got.double(), expected.double(), atol=ATOL, rtol=RTOL))
 
 
 def _sum(tensors, members):
@@ -77,7 +64,7 @@ def gather_semantics(case, world_size):
     xs, dys = case["inputs"], case["grads"]
     out = {"outputs": [], "grads": [], "forward": [], "backward": [], "wrong_outputs": {}, "wrong_grads": {}}
     for rank in range(world_size):
-        group = case_group(case, rank, world_size)
+        group = members_of(case.get("groups"), rank, world_size)
         index, n = group.index(rank), len(group)
         out["outputs"].append(torch.cat([xs[m].double() for m in group]))
         total = _sum(dys, group)
@@ -103,7 +90,7 @@ def reduce_scatter_semantics(case, world_size):
     xs, dys = case["inputs"], case["grads"]
     out = {"outputs": [], "grads": [], "forward": [], "backward": [], "wrong_outputs": {}, "wrong_grads": {}}
     for rank in range(world_size):
-        group = case_group(case, rank, world_size)
+        group = members_of(case.get("groups"), rank, world_size)
         index, n = group.index(rank), len(group)
         total = _sum(xs, group)
         out["outputs"].append(piece(total, index, n))
@@ -155,13 +142,13 @@ def norm_saved_bytes(case, rows):
 def expect_block(case_runs, case, what, rule=""):
     """Every rank of a SequenceParallelMLP case: slices held, output piece, input gradient, parameter
     gradients (the replicated ones: of the rank's own tokens), collectives, LayerNorm's saved bytes."""
-    sizes = {len(case_group(case, rank, len(case_runs))) for rank in range(len(case_runs))}
+    sizes = {len(members_of(case.get("groups"), rank, len(case_runs))) for rank in range(len(case_runs))}
     references = {n: block_reference(case, n) for n in sizes}  # groups of different sizes split differently
     for run in case_runs:
-        group = case_group(case, run.rank, len(case_runs))
+        group = members_of(case.get("groups"), run.rank, len(case_runs))
         expect_parameters_held(run, references[len(group)][0], BLOCK, what, group)
     for run in case_runs:
-        group = case_group(case, run.rank, len(case_runs))
+        group = members_of(case.get("groups"), run.rank, len(case_runs))
         index, n = group.index(run.rank), len(group)
         full, y, x_grad, grads, partial = references[n]
         where = f"{what}: rank {run.rank}"

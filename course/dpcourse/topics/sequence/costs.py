@@ -35,7 +35,8 @@ time of a step: compute (6·P·tokens + 6·L·s²·h for causal attention, over 
 
 import math
 
-from dpcourse.topics.hybrid.costs import cluster, link  # noqa: F401 - cluster is part of this API
+from dpcourse.comm.volume import all_to_all_traffic, ring_traffic
+from dpcourse.toys.clusters import cluster, link  # noqa: F401 - cluster is part of this API
 
 # A Llama-2-7B-shaped model (Touvron et al. 2023: 32 layers, hidden 4096, 32 heads, 6.7 B parameters)
 # trained on sequences of 128 Ki tokens, one sequence per step.
@@ -61,16 +62,18 @@ def traffic(method, seq, batch, hidden, ranks, element_size=BYTES, k=1, tokens=N
     S = seq * batch * hidden * element_size
     if n == 1:
         return {"bytes": 0.0, "messages": 0}
-    if method == "tp_sp":
-        return {"bytes": 8 * (n - 1) / n * S, "messages": 8 * (n - 1)}
-    if method == "ring":
-        return {"bytes": 3 * (n - 1) * 2 * S / n, "messages": 3 * (n - 1)}
-    if method == "ulysses":
-        return {"bytes": 8 * (n - 1) / n * S / n, "messages": 4 * (n - 1)}
-    if method == "experts":
+    if method == "tp_sp":  # 4 all-gathers and 4 reduce-scatters of S: 8 ring phases
+        messages, sent = ring_traffic(S, n, phases=8)
+    elif method == "ring":  # K and V (2·S) around the ring: forward once, backward with dK, dV
+        messages, sent = ring_traffic(2 * S, n, phases=3)
+    elif method == "ulysses":  # q, k, v and the output, forward and backward: 8·S/N through 4 all-to-alls
+        messages, sent = all_to_all_traffic(8 * S / n, n, calls=4)
+    elif method == "experts":  # dispatch and combine, forward and backward: 4 all-to-alls of k·T tokens
         T = seq * batch if tokens is None else tokens
-        return {"bytes": 4 * (n - 1) / n * k * T * hidden * element_size, "messages": 4 * (n - 1)}
-    raise ValueError(f"unknown method {method!r}: tp_sp, ring, ulysses or experts")
+        messages, sent = all_to_all_traffic(4 * k * T * hidden * element_size, n, calls=4)
+    else:
+        raise ValueError(f"unknown method {method!r}: tp_sp, ring, ulysses or experts")
+    return {"bytes": sent, "messages": messages}
 
 
 def seconds(nbytes, messages, alpha, beta):
@@ -79,7 +82,7 @@ def seconds(nbytes, messages, alpha, beta):
 
 
 def _link(c, span):
-    """(alpha, beta) of a group spanning `span` consecutive GPUs (hybrid.costs.link's rule)."""
+    """(alpha, beta) of a group spanning `span` consecutive GPUs (toys.clusters.link's rule)."""
     return link(c, span)
 
 

@@ -17,8 +17,8 @@ import torch
 from dpcourse.backend import rank_device
 from dpcourse.runtime.launcher import launch
 from dpcourse.runtime.timing import interleaved_step_times
-from dpcourse.topics.ddp.bench import paired_ratios
 from dpcourse.topics.tensor.models import inputs, mlp
+from dpcourse.toys.bench import paired_ratios
 
 
 def tp_step_times(variants, d_model=512, d_hidden=2048, tokens=256, steps=3, rounds=5, dtype=torch.float32):

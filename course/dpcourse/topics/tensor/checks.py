@@ -22,10 +22,18 @@ from contextlib import contextmanager
 import torch
 
 from dpcourse.checks.core import TOLERANCES, describe, missing_numbers, number, ratio_hint, wanted_numbers
+from dpcourse.checks.tensors import (
+    close,
+    expect_collectives,
+    expect_operator,
+    expect_parameters_held,
+    expect_tensor,
+)
+from dpcourse.comm.cases import members_of
+from dpcourse.reference.shards import column_shard, row_shard, shard
 from dpcourse.topics.tensor.runs import BUILDERS
-from dpcourse.topics.tensor.shards import column_shard, locate_slices, row_shard
 
-ATOL, RTOL = TOLERANCES["float64 exact"]  # an exact algorithm agrees to ~1e-15
+LOSS = TOLERANCES["float64 absolute"][0]  # a loss against the float64 reference's, below 1 in absolute terms
 
 # Where each parameter of a tensor-parallel module lives: "column" (rows of W, dim 0), "row"
 # (columns of W, last dim) or "replicated" (every rank holds all of it).
@@ -35,86 +43,7 @@ MLP = {"fc1.weight": "column", "fc1.bias": "column", "fc2.weight": "row", "fc2.b
 ATTENTION = {"qkv.weight": "column", "qkv.bias": "column", "proj.weight": "row", "proj.bias": "replicated"}
 
 
-def shard(tensor, layout, rank, world_size):
-    """Rank's piece of a full tensor under a layout."""
-    if layout == "column":
-        return column_shard(tensor, rank, world_size)
-    if layout in ("row", "parallel"):
-        return row_shard(tensor, rank, world_size)
-    return tensor
-
-
-def case_group(case, rank, world_size):
-    """The world ranks of `rank`'s group in a case (the whole world when the case has no groups)."""
-    groups = case.get("groups")
-    if groups is None:
-        return tuple(range(world_size))
-    return next(tuple(members) for members in groups if rank in members)
-
-
-def _close(got, expected):
-    return (isinstance(got, torch.Tensor) and got.shape == expected.shape
-            and torch.allclose(got.double(), expected.double(), atol=ATOL, rtol=RTOL))
-
-
-def expect_tensor(got, expected, what, wrong=()):
-    """got must equal expected (float64 tolerance); `wrong` lists (tensor, explanation) of known
-    mistakes: a result that matches one is explained by it."""
-    if not isinstance(got, torch.Tensor):
-        raise AssertionError(f"{what} should be a tensor, got {describe(got)[:200]}")
-    if got.shape != expected.shape:
-        raise AssertionError(f"{what} has shape {tuple(got.shape)}, expected {tuple(expected.shape)}")
-    if _close(got, expected):
-        return
-    hint = next((f" -- {why}" for candidate, why in wrong if _close(got, candidate)), "")
-    if not hint:
-        hint = ratio_hint(got, expected)
-    raise AssertionError(f"{what} is {describe(got)}, expected {describe(expected)}{hint}")
-
-
 # --------------------------------------------------------------------------- collectives
-
-def describe_ops(ops):
-    """'no communication' or 'all_reduce of 96 bytes on ranks (0, 1), ...'."""
-    if not ops:
-        return "no communication"
-    return ", ".join(f"{o.op} of {o.nbytes} bytes on ranks {o.group}" for o in ops)
-
-
-def expect_collectives(run, ops, expected, what, direction, group, rule=""):
-    """The collectives one rank issued in one direction: names, sizes (when given) and group.
-
-    expected: [(op name or tuple of accepted names, nbytes or None), ...] in order; group: the world
-    ranks of the rank's group. `rule` is appended to a count mismatch ("f: identity forward, one
-    all-reduce of the gradient backward"). On a group of one rank, no communication is also fine.
-    """
-    accepted = [name if isinstance(name, tuple) else (name,) for name, _ in expected]
-    if len(group) == 1 and not ops:
-        return
-    if len(ops) != len(accepted) or any(o.op not in names for o, names in zip(ops, accepted, strict=True)):
-        wanted = "no communication" if not accepted else " then ".join(" or ".join(n) for n in accepted)
-        raise AssertionError(f"{what}: rank {run.rank} issued {describe_ops(ops)} in {direction}, "
-                             f"expected {wanted}" + (f" ({rule})" if rule else ""))
-    for o, (_, nbytes) in zip(ops, expected, strict=True):
-        if o.group is None or tuple(o.group) != tuple(group):
-            whole = (" -- the whole world: pass the group on to every collective"
-                     if o.group is not None and len(o.group) > len(group) else "")
-            raise AssertionError(f"{what}: rank {run.rank}'s {o.op} in {direction} ran on ranks "
-                                 f"{o.group}, expected its tensor-parallel group {tuple(group)}{whole}")
-        if nbytes is not None and o.nbytes != nbytes:
-            raise AssertionError(f"{what}: rank {run.rank}'s {o.op} in {direction} handed it {o.nbytes} "
-                                 f"bytes, expected {nbytes}{_bytes_hint(o.nbytes, nbytes)}")
-
-
-def _bytes_hint(got, expected):
-    """Why a collective carried the wrong number of bytes, when the ratio says (a buffer's dtype)."""
-    if 2 * got == expected:
-        return (" -- half the bytes: a float32 buffer? torch.zeros(shape) and torch.empty(shape) are float32 "
-                "unless given dtype=: make the buffer like the tensor (x.clone(), torch.empty_like(x))")
-    if got == 2 * expected:
-        return " -- twice the bytes: a float64 buffer for float32 values? make the buffer like the tensor"
-    return ""
-
 
 # --------------------------------------------------------------------------- operators
 # What each operator must do, written out from torch.distributed's semantics for every world rank
@@ -129,7 +58,7 @@ def f_semantics(case, world_size):
     xs, dys = case["inputs"], case["grads"]
     out = {"outputs": [], "grads": [], "forward": [], "backward": [], "wrong_outputs": {}, "wrong_grads": {}}
     for rank in range(world_size):
-        group = case_group(case, rank, world_size)
+        group = members_of(case.get("groups"), rank, world_size)
         total, n = _group_sum(dys, group), len(group)
         out["outputs"].append(xs[rank].double())
         out["grads"].append(total)
@@ -150,7 +79,7 @@ def g_semantics(case, world_size):
     xs, dys = case["inputs"], case["grads"]
     out = {"outputs": [], "grads": [], "forward": [], "backward": [], "wrong_outputs": {}, "wrong_grads": {}}
     for rank in range(world_size):
-        group = case_group(case, rank, world_size)
+        group = members_of(case.get("groups"), rank, world_size)
         total, n = _group_sum(xs, group), len(group)
         out["outputs"].append(total)
         out["grads"].append(dys[rank].double())
@@ -172,7 +101,7 @@ def gather_semantics(case, world_size):
     xs, dys = case["inputs"], case["grads"]
     out = {"outputs": [], "grads": [], "forward": [], "backward": [], "wrong_outputs": {}, "wrong_grads": {}}
     for rank in range(world_size):
-        group = case_group(case, rank, world_size)
+        group = members_of(case.get("groups"), rank, world_size)
         index, n = group.index(rank), len(group)
         out["outputs"].append(torch.cat([xs[m].double() for m in group], dim=-1))
         mine = dys[rank].double().chunk(n, dim=-1)[index]
@@ -187,35 +116,6 @@ def gather_semantics(case, world_size):
              "summed over the group: the gathered output is replicated, its gradient is already the same "
              "on every rank -- just take this rank's slice (no communication)")]
     return out
-
-
-def expect_operator(case_runs, case, expected, what, rule=""):
-    """Each rank's output, input gradient and collectives against `expected` (one of the
-    *_semantics above), and its input left unchanged."""
-    for run in case_runs:
-        where = f"{what}: rank {run.rank}"
-        group = case_group(case, run.rank, len(case_runs))
-        expect_collectives(run, run.forward, expected["forward"][run.rank], what, "forward", group, rule)
-        expect_tensor(run.output, expected["outputs"][run.rank], f"{where}'s output",
-                      expected["wrong_outputs"].get(run.rank, ()))
-        if not torch.equal(run.input_after, case["inputs"][run.rank].to(run.input_after.dtype)):
-            raise AssertionError(f"{where} changed its input x in place (it is now "
-                                 f"{describe(run.input_after)}, was {describe(case['inputs'][run.rank])}): "
-                                 f"all-reduce a copy (x.clone()): the caller still needs x")
-        if run.no_grad:
-            raise AssertionError(f"{where}'s output does not require grad: return the result of your "
-                                 f"autograd.Function (YourFunction.apply(x, group)) so backward can reach x")
-        expect_collectives(run, run.backward, expected["backward"][run.rank], what, "backward", group, rule)
-        if run.grad_after is not None:
-            raise AssertionError(f"{where}'s backward changed the gradient it was handed, in place (the "
-                                 f"caller's tensor is now {describe(run.grad_after)}, was "
-                                 f"{describe(case['grads'][run.rank])}): all-reduce a copy (grad.clone()) -- "
-                                 f"the tensor autograd hands to backward may be the caller's own")
-        if run.input_grad is None:
-            raise AssertionError(f"{where}: no gradient reached x: backward must return a gradient for x "
-                                 f"(and None for the group)")
-        expect_tensor(run.input_grad, expected["grads"][run.rank], f"{where}'s gradient of x",
-                      expected["wrong_grads"].get(run.rank, ()))
 
 
 # --------------------------------------------------------------------------- modules
@@ -246,59 +146,6 @@ def expect_copies(run, what):
                              f"module -- keep a copy, e.g. nn.Parameter(linear.weight.detach()[a:b].clone())")
 
 
-def expect_parameters_held(run, full, layout, what, group, params=None):
-    """The module's parameters are the rank's slices of the full ones, named like the reference's
-    (params: what to check instead of run.params, e.g. the parameters as built, before training)."""
-    expected = {n: layout[n] for n, _ in full.named_parameters()}
-    index, n = group.index(run.rank), len(group)
-    params = run.params if params is None else params
-    if sorted(params) != sorted(expected):
-        extra = sorted(set(params) - set(expected))
-        missing = sorted(set(expected) - set(params))
-        hint = ""
-        if extra:
-            hint = (" -- keep only your slices as parameters (a full layer stored as an attribute is "
-                    "a submodule, and its full weight a parameter)")
-        elif missing:
-            hint = (" -- build the layers in __init__ and assign them as attributes named like the "
-                    "reference's (a plain list hides them from .parameters())")
-        raise AssertionError(f"{what}: rank {run.rank}'s module has parameters {sorted(params)}, "
-                             f"expected {sorted(expected)}{hint}")
-    for name, p in full.named_parameters():
-        want = shard(p.detach(), expected[name], index, n)
-        got = params[name]
-        if got.shape == want.shape and torch.equal(got.double(), want.double()):
-            continue
-        dim = 0 if expected[name] == "column" else -1
-        held = locate_slices(got, p.detach(), dim) if expected[name] != "replicated" else None
-        hint = ""
-        if held is not None:
-            hint = f" -- it holds {'rows' if dim == 0 else 'columns'} {_ranges(held)} of the full {name}"
-            owner = _owner(held, p.shape[dim], n)
-            if owner is not None and owner != index:
-                hint += (f", the slice of group rank {owner}; rank {run.rank} is rank {index} of its group "
-                         f"{group}: dist.get_rank(group), not the world rank")
-        elif got.dim() == 2 and got.shape == want.shape[::-1]:
-            hint = " -- transposed: nn.Linear's weight is (out_features, in_features)"
-        elif got.dim() == want.dim() and got.shape[dim] == 0:
-            hint = (" -- an empty slice, beyond the end of the weight: is the slice index the world rank "
-                    "(dist.get_rank()) instead of the rank in the group (dist.get_rank(group))?")
-        raise AssertionError(f"{what}: rank {run.rank} (rank {index} of {n} in its group) holds {name} of "
-                             f"shape {tuple(got.shape)} = {describe(got, 4)}, expected its {expected[name]} "
-                             f"slice, of shape {tuple(want.shape)} = {describe(want, 4)}{hint}")
-
-
-def _ranges(indices):
-    return (f"{indices[0]}-{indices[-1]}" if indices == list(range(indices[0], indices[-1] + 1))
-            else str(indices))
-
-
-def _owner(indices, size, world_size):
-    step = size // world_size
-    owners = {i // step for i in indices}
-    return owners.pop() if len(owners) == 1 and len(indices) == step else None
-
-
 def expect_module(case_runs, case, layout, what, forward=None, backward=None, rule="", wrong=None):
     """Every rank of a module case: parameters held, output, input gradient and parameter gradients
     (values first: their mistakes have the most telling signatures), then the collectives of each
@@ -310,11 +157,12 @@ def expect_module(case_runs, case, layout, what, forward=None, backward=None, ru
     reference = reference_of(case)
     full, y, x_grad, param_grads = reference
     for run in case_runs:  # every rank's slices first: a wrong slice on one rank spoils its peers' values
-        expect_parameters_held(run, full, layout, what, case_group(case, run.rank, len(case_runs)))
+        group = members_of(case.get("groups"), run.rank, len(case_runs))
+        expect_parameters_held(run, full, layout, what, group)
         expect_copies(run, what)
     for run in case_runs:
         where = f"{what}: rank {run.rank}"
-        group = case_group(case, run.rank, len(case_runs))
+        group = members_of(case.get("groups"), run.rank, len(case_runs))
         index, n = group.index(run.rank), len(group)
         known = wrong(run.rank, index, n, len(case_runs), reference) if wrong else {}
         expected_y = shard(y, case.get("output", "replicated"), index, n)
@@ -469,7 +317,7 @@ def expect_training(runs, case, layout, what, forward=None, backward=None, rule=
     before, after, losses = reference_training(case)
     full = build_reference(case)
     for run in runs:
-        group = case_group(case, run.rank, len(runs))
+        group = members_of(case.get("groups"), run.rank, len(runs))
         if run.params_before:
             expect_parameters_held(run, full, layout, f"{what} (as built, before training)", group,
                                    params=run.params_before)
@@ -477,15 +325,15 @@ def expect_training(runs, case, layout, what, forward=None, backward=None, rule=
     first_output = _first_output(case)
     for run in runs:
         where = f"{what}: rank {run.rank}"
-        group = case_group(case, run.rank, len(runs))
+        group = members_of(case.get("groups"), run.rank, len(runs))
         index, n = group.index(run.rank), len(group)
-        if run.losses and abs(run.losses[0] - losses[0]) > 1e-9 * max(1.0, abs(losses[0])):
+        if run.losses and abs(run.losses[0] - losses[0]) > LOSS * max(1.0, abs(losses[0])):
             detail = ""
             if run.output is not None and wrong is not None:
                 explain = wrong(dict(x=case["batches"][0][0]))
                 reference = (full, first_output, None, None)
                 known = explain(run.rank, index, n, len(runs), reference).get("output", ())
-                detail = next((f" -- {why}" for candidate, why in known if _close(run.output, candidate)), "")
+                detail = next((f" -- {why}" for candidate, why in known if close(run.output, candidate)), "")
             raise AssertionError(f"{where}: the loss of step 0, before any update, is "
                                  f"{number(run.losses[0])}, expected {number(losses[0])}: the forward "
                                  f"already differs from the unsharded module's{detail}")
@@ -499,7 +347,7 @@ def expect_training(runs, case, layout, what, forward=None, backward=None, rule=
             raise AssertionError(f"{where}: the trained module has parameters {sorted(run.params)}, expected "
                                  f"{sorted(after)}")
         differ = next((step for step, (got, want) in enumerate(zip(run.losses, losses, strict=False))
-                       if abs(got - want) > 1e-9 * max(1.0, abs(want))), None)
+                       if abs(got - want) > LOSS * max(1.0, abs(want))), None)
         context = (f" -- the losses of steps 0 to {differ - 1} agree, so the forward is right and the "
                    f"update of step {differ - 1} (its gradient) was not" if differ else
                    " -- the loss of every step agrees, so the forward is right and the gradient that moved "
@@ -509,7 +357,7 @@ def expect_training(runs, case, layout, what, forward=None, backward=None, rule=
             got = run.params[name]
             want = shard(full_after, layout[name], index, n)
             start = shard(before[name], layout[name], index, n)
-            if _close(got, want):
+            if close(got, want):
                 continue
             hint, order = "", 2
             if got.shape == start.shape and torch.equal(got.double(), start.double()):
@@ -524,7 +372,7 @@ def expect_training(runs, case, layout, what, forward=None, backward=None, rule=
         if mismatches:
             raise AssertionError(min(mismatches, key=lambda m: m[0])[1])
         for step, (got, want) in enumerate(zip(run.losses, losses, strict=True)):
-            if abs(got - want) > 1e-9 * max(1.0, abs(want)):
+            if abs(got - want) > LOSS * max(1.0, abs(want)):
                 raise AssertionError(f"{where}: the loss of step {step} is {number(got)}, expected "
                                      f"{number(want)} (the unsharded module trained on the same batches)")
 

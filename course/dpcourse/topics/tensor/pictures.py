@@ -12,9 +12,10 @@ mixed up) is named in the title, and elements nobody holds stay white. Used by n
 
 import matplotlib.pyplot as plt
 
+from dpcourse.comm.cases import make_groups
+from dpcourse.reference.shards import locate_slices
 from dpcourse.runtime.inside_rank import to_cpu
-from dpcourse.topics.tensor.runs import BUILDERS, make_groups
-from dpcourse.topics.tensor.shards import locate_slices
+from dpcourse.topics.tensor.runs import BUILDERS
 from dpcourse.viz.colours import draw_cell, rank_colour
 
 

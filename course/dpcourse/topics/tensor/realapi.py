@@ -29,8 +29,9 @@ from contextlib import contextmanager
 import torch.distributed as dist
 
 from dpcourse.backend import rank_device
+from dpcourse.comm.cases import make_groups
 from dpcourse.comm.recorder import CommRecorder
-from dpcourse.topics.tensor.runs import BUILDERS, make_groups
+from dpcourse.topics.tensor.runs import BUILDERS
 
 
 @contextmanager

@@ -7,7 +7,7 @@ A variant is a factory `make(module) -> (model, sync, optimizer)`: a step is
 `optimizer.zero_grad(); loss_fn(model(x), y).backward(); sync(); optimizer.step()` (sync may
 be None). ZeRO-1 variants average gradients in `sync` (DDP's job) and shard the optimizer;
 ZeRO-3 variants wrap the module and need no sync. Used by notebook 10's speed demo and by
-tests/bench/bench_zero.py. Like dpcourse.topics.ddp.bench (whose paired ratios it reuses),
+tests/bench/bench_zero.py. Like dpcourse.toys.bench (whose paired ratios it reuses),
 the variants run round-robin with the order rotated every round and a barrier before each
 step, so a shared machine's drift hits them alike.
 """
@@ -20,7 +20,7 @@ import torch.distributed as dist
 from dpcourse.backend import rank_device
 from dpcourse.runtime.launcher import launch
 from dpcourse.runtime.timing import interleaved_step_times
-from dpcourse.topics.ddp.bench import paired_ratios, training_step
+from dpcourse.toys.bench import paired_ratios, training_step
 from dpcourse.toys.data import my_share, smooth_regression_data
 from dpcourse.toys.models import deep_mlp
 

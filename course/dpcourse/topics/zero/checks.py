@@ -1,6 +1,6 @@
 """Judge notebook 10's ZeRO exercises from the plain results of dpcourse.topics.zero.runs.
 
-    results = launch(zero1_run, 3, ShardedOptimizer, "deep_mlp", 0, 3, 4)
+    results = launch_run(zero1_run, 3, ShardedOptimizer, "deep_mlp", 0, 3, 4)
     expect_zero1(results, "deep_mlp", 0, steps=3, per_rank=4, what="ShardedOptimizer")
 
 Every yardstick is computed here, in the test cell's process, never next to the learner's
@@ -18,6 +18,7 @@ import torch
 
 from dpcourse.checks.core import TOLERANCES, describe, number, ratio_hint
 from dpcourse.checks.params import expect_same_state
+from dpcourse.checks.tensors import close
 from dpcourse.comm.volume import bytes_sent, ring_traffic, volume_by_op
 from dpcourse.reference.flat import element_name, flat, single_process_run
 from dpcourse.reference.gradients import single_process_gradients
@@ -29,10 +30,9 @@ from dpcourse.toys.data import my_share
 ATOL = TOLERANCES["float64 absolute"][0]  # a correct run agrees with the reference to ~1e-15
 
 
-def _close(a, b, atol=ATOL):
-    if a.shape != b.shape:
-        return False
-    return a.numel() == 0 or (a.double() - b.double()).abs().max().item() <= atol
+def _equal(a, b):
+    """a equals b within the float64 absolute bound of the table (same shape)."""
+    return close(a, b, "float64 absolute")
 
 
 def _span(a, b):
@@ -52,7 +52,7 @@ def _trainable_flat(state, names):
 def _which_chunk(values, full, bounds, exclude):
     """The index of the chunk of `full` (by `bounds`) that `values` equals, or None."""
     for j, (a, b) in enumerate(bounds):
-        if j != exclude and b - a == values.numel() and _close(values, full[a:b]):
+        if j != exclude and b - a == values.numel() and _equal(values, full[a:b]):
             return j
     return None
 
@@ -61,7 +61,7 @@ def _shifted(values, full, a):
     """A shift d (|d| <= 2) such that `values` equals full[a+d : a+d+len]: boundaries off by d."""
     for d in (-2, -1, 1, 2):
         lo = a + d
-        if 0 <= lo and lo + values.numel() <= full.numel() and _close(values, full[lo:lo + values.numel()]):
+        if 0 <= lo and lo + values.numel() <= full.numel() and _equal(values, full[lo:lo + values.numel()]):
             return d
     return None
 
@@ -81,7 +81,7 @@ def expect_trained_parameters(got, ref, start_flat, bounds, rank, what, steps, s
     shards: every rank's own shard after the last step (what its optimizer stepped), when known:
     parameters that are not those shards side by side point at the all-gather, not the training."""
     want, names = ref["params"], ref["names"]
-    if _close(got, want):
+    if _equal(got, want):
         return
     a, b = bounds[rank]
     wrong = ((got - want).abs() > ATOL).nonzero().flatten().tolist()
@@ -111,20 +111,20 @@ def expect_assembled(got, shards, bounds, where, name_of=str, what="updated shar
                                          for s, (a, b) in zip(shards, bounds, strict=True)):
         return  # shard sizes are judged elsewhere
     whole = torch.cat([s.reshape(-1) for s in shards])
-    if _close(got, whole):
+    if _equal(got, whole):
         return
     chunk = math.ceil(whole.numel() / len(bounds))
     padded_in_place = torch.cat([torch.cat([s.reshape(-1), s.new_zeros(chunk - s.numel())]) for s in shards])
     wrong = ((got.double() - whole.double()).abs() > ATOL).nonzero().flatten().tolist()
     first = wrong[0]
     owner = next(j for j, (a, b) in enumerate(bounds) if a <= first < b)
-    if _close(got, padded_in_place[:got.numel()]):
+    if _equal(got, padded_in_place[:got.numel()]):
         hint = (f"the all-gather's pieces were joined with their padding and cut at the end, so from element "
                 f"{first} on everything sits one or more places late. Keep the first b_j - a_j elements of "
                 f"piece j (its shard's size, chunk_bounds) before joining them")
     else:
         j = next((j for j, s in enumerate(shards) if s.numel() and first < got.numel()
-                  and _close(got[first:first + s.numel()], s.reshape(-1))), None)
+                  and _equal(got[first:first + s.numel()], s.reshape(-1))), None)
         placed = (f"; they hold rank {j}'s shard, which belongs at {_span(*bounds[j])}" if j is not None
                   and j != owner else "")
         hint = (f"piece j of the all-gather belongs at chunk_bounds(S, N)[j] (its first b_j - a_j elements)"
@@ -183,14 +183,14 @@ def expect_zero1(results, model, seed, steps, per_rank, what="ShardedOptimizer")
             raise AssertionError(f"{error} -- step() was given gradient_shard, this rank's shard of the "
                                  f"averaged gradient, while every p.grad was None: step with that "
                                  f"argument") from None
-        expect_same_state(result["state"], ref["state"], f"{what}, after {steps} steps", rank=rank, atol=1e-9)
+        expect_same_state(result["state"], ref["state"], f"{what}, after {steps} steps", rank=rank, atol=ATOL)
     for rank, result in enumerate(results):
         a, b = bounds[rank]
         for key, full in ref["optimizer"].items():
             mine = result["optimizer"]["state"].get(key)
             if mine is None:
                 raise AssertionError(f"rank {rank}: {what}: the local optimizer has no '{key}' state")
-            if not _close(mine, full[a:b]):
+            if not _equal(mine, full[a:b]):
                 j = _which_chunk(mine, full, bounds, rank)
                 hint = (f" -- it is the state of chunk {j} ({_span(*bounds[j])}): rank r owns chunk r"
                         if j is not None else "")
@@ -261,7 +261,7 @@ def expect_zero2(results, model, seed, steps, per_rank, what="reduce_scatter_gra
             if shard.numel() != b - a:
                 raise AssertionError(_boundary_message(f"rank {rank}", rank, n, numel, shard.numel(), a, b,
                                                        where, "gradient shard"))
-            if not _close(shard, average[a:b]):
+            if not _equal(shard, average[a:b]):
                 raise AssertionError(_gradient_shard_message(shard, average, bounds, rank, n, where, model,
                                                              seed, steps, per_rank, step))
             if result["held"][step]:
@@ -283,7 +283,7 @@ def expect_zero2(results, model, seed, steps, per_rank, what="reduce_scatter_gra
 def _gradient_shard_message(shard, average, bounds, rank, n, where, model, seed, steps, per_rank, step):
     a, b = bounds[rank]
     hint = ""
-    if n > 1 and _close(shard, n * average[a:b]):
+    if n > 1 and _equal(shard, n * average[a:b]):
         hint = f" -- {n} times the average: a reduce-scatter sums over ranks; divide by N = {n}"
     elif (j := _which_chunk(shard, average, bounds, rank)) is not None:
         hint = f" -- that is the average of chunk {j} ({_span(*bounds[j])}): rank r keeps chunk r"
@@ -292,9 +292,9 @@ def _gradient_shard_message(shard, average, bounds, rank, n, where, model, seed,
                 f"chunk_bounds(S, N)[r])")
     elif step == 0:
         local = _local_first_gradient(model, seed, steps, per_rank, rank, n)
-        if _close(shard, local[a:b]):
+        if _equal(shard, local[a:b]):
             hint = " -- that is this rank's own gradient: it was never reduced over ranks"
-        elif n > 1 and _close(shard, local[a:b] / n):
+        elif n > 1 and _equal(shard, local[a:b] / n):
             hint = " -- that is this rank's own gradient divided by N: the reduction did not happen"
     if not hint:
         hint = ratio_hint(shard, average[a:b])
@@ -368,7 +368,7 @@ def _expect_fsdp_group(results, members, layout, model, seed, steps, per_rank, w
         initial = ref["start"][lo:hi]
         for result, rank in zip(results, members, strict=True):
             seen = (result.get("gathered") or [None] * len(names))[u]
-            if seen is None or _close(seen.reshape(-1), initial):
+            if seen is None or _equal(seen.reshape(-1), initial):
                 continue
             expect_assembled(seen.reshape(-1), [initial[a:b] for a, b in bounds], bounds,
                              f"rank {rank}: {what}: unit {name}, as gathered for its first forward, is",
@@ -388,14 +388,14 @@ def _expect_fsdp_group(results, members, layout, model, seed, steps, per_rank, w
                 raise AssertionError(f"rank {rank}: {where}: its shard has no gradient (.grad is None): "
                                      f"reduce-scatter the unit's gradient into shard.grad")
             grad = grad.reshape(-1)
-            if not _close(grad, first[a:b]):
+            if not _equal(grad, first[a:b]):
                 hint = ""
                 k = passes
-                if n > 1 and _close(grad, n * first[a:b]):
+                if n > 1 and _equal(grad, n * first[a:b]):
                     hint = f" -- {n} times the average: a reduce-scatter sums over ranks; divide by N = {n}"
                 elif (j := _which_chunk(grad, first, bounds, g)) is not None:
                     hint = f" -- that is the average of chunk {j}: rank r keeps chunk r"
-                elif k > 1 and _close(grad, _last_part(model, seed, steps, per_rank, n, k)[lo + a:lo + b]):
+                elif k > 1 and _equal(grad, _last_part(model, seed, steps, per_rank, n, k)[lo + a:lo + b]):
                     hint = (f" -- that is the last backward's gradient alone: here each step runs {k} "
                             f"backward passes (gradient accumulation), so add the reduce-scattered part to "
                             f"an existing shard.grad instead of replacing it")
@@ -409,7 +409,7 @@ def _expect_fsdp_group(results, members, layout, model, seed, steps, per_rank, w
         lo, hi = offsets[name]
         assembled = torch.cat([r["shards"][u].reshape(-1) for r in results])
         want = ref["params"][lo:hi]
-        if not _close(assembled, want):
+        if not _equal(assembled, want):
             wrong = ((assembled - want).abs() > ATOL).nonzero().flatten().tolist()
             index = lo + wrong[0]
             raise AssertionError(

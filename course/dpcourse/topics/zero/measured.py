@@ -30,7 +30,7 @@ import math
 import torch
 
 from dpcourse.backend import rank_device
-from dpcourse.comm.calls import launch_run
+from dpcourse.comm.cases import Case, launch_run, splits
 from dpcourse.reference.flat import trainable
 from dpcourse.runtime.inside_rank import memory_mark
 from dpcourse.runtime.launcher import launch_options, observed_memory
@@ -44,13 +44,19 @@ SLACK = 3 << 20  # bytes a rank may hold beyond the stage's need (allocator roun
 MB = 1 << 20
 
 
+def _memory_case(world_size):
+    """Every rank builds the same model and one global batch from fixed seeds: a measurement, not data."""
+    return Case(parts=[()] * world_size)
+
+
 def _batch(device=None):
     X, Y = smooth_regression_data(ROWS, seed=SEED)
     xb, yb = global_batch(X, Y, 0, ROWS)
     return xb.to(device or rank_device()), yb.to(device or rank_device())
 
 
-def zero1_memory_run(ShardedOptimizer):
+@splits(_memory_case)
+def zero1_memory_run(ShardedOptimizer, _, ctx):
     """Rank side: marks "before", then "after step s" around ShardedOptimizer's steps (full gradients
     present throughout, as after DDP's averaging)."""
     net = build_model(MODEL, SEED, rank_device())
@@ -65,7 +71,8 @@ def zero1_memory_run(ShardedOptimizer):
     return {"numel": sum(p.numel() for p in trainable(net.parameters()))}
 
 
-def zero2_memory_run(reduce_scatter_gradients):
+@splits(_memory_case)
+def zero2_memory_run(reduce_scatter_gradients, _, ctx):
     """Rank side: marks "before" (no gradient yet), then "after step s" once reduce_scatter_gradients
     returned its shard (kept, as the optimizer would)."""
     net = build_model(MODEL, SEED, rank_device())
@@ -80,7 +87,8 @@ def zero2_memory_run(reduce_scatter_gradients):
     return {"numel": sum(p.numel() for p in trainable(net.parameters()))}
 
 
-def zero3_memory_run(MiniFSDP):
+@splits(_memory_case)
+def zero3_memory_run(MiniFSDP, _, ctx):
     """Rank side: marks "before" (nothing built yet), then "after step s" between MiniFSDP's AdamW steps."""
     memory_mark("before")
     net = build_model(MODEL, SEED, rank_device())

@@ -22,23 +22,7 @@ the tensors it steps that are not the model's (a master copy of a shard).
 
 import torch
 
-STAGES = ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3")
-KINDS = ("weights", "gradients", "optimizer")
-
-
-def model_state_bytes(psi, n, stage, weight_bytes=2, grad_bytes=2, K=12):
-    """Bytes of weights, gradients and optimizer state per GPU, by the ZeRO paper's formulas.
-
-    psi parameters, n data-parallel GPUs; defaults are mixed-precision Adam (fp16 weights and
-    gradients, K = 12). Returns {"weights", "gradients", "optimizer"} in bytes.
-    """
-    if stage not in STAGES:
-        raise ValueError(f"stage must be one of {STAGES}, got {stage!r}")
-    if n < 1:
-        raise ValueError(f"n must be at least 1, got {n}")
-    shards = {"DDP": (1, 1, 1), "ZeRO-1": (1, 1, n), "ZeRO-2": (1, n, n), "ZeRO-3": (n, n, n)}[stage]
-    per_kind = (weight_bytes * psi, grad_bytes * psi, K * psi)
-    return dict(zip(KINDS, (b / s for b, s in zip(per_kind, shards, strict=True)), strict=True))
+from dpcourse.reference.memory import KINDS, STAGES, model_state_bytes  # noqa: F401 - 10's names
 
 
 def implementation_bytes(psi, n, stage, element_size=8, state_per_element=2):

@@ -23,38 +23,39 @@ import torch
 import torch.distributed as dist
 
 from dpcourse.backend import rank_device
-from dpcourse.comm.recorder import CommRecorder
+from dpcourse.comm.cases import splits
 from dpcourse.reference.gradients import state_of
 from dpcourse.topics.zero.memory import optimizer_summary
 from dpcourse.topics.zero.runs import (
     LR,
-    _batches,
-    _global_batches,
+    _fsdp_case,
+    _on_device,
+    _zero1_case,
     build_model,
     flat_parameters,
+    fsdp_run,
     global_gradient,
-    plain,
 )
 from dpcourse.toys.models import loss_fn
 
 
-def zero_redundancy_run(model, seed, steps, per_rank):
+@splits(_zero1_case)
+def zero_redundancy_run(_, batches, ctx):
     """runs.zero1_run with torch's ZeroRedundancyOptimizer(AdamW), the same scaffolding (the averaged
-    gradient from the whole global batch). Adds "owned": the names of the parameters this rank's
-    local optimizer steps."""
+    gradient from the whole global batch): launch_run(zero_redundancy_run, N, None, model, seed, steps,
+    per_rank). Adds "owned": the names of the parameters this rank's local optimizer steps."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
-    net = build_model(model, seed, rank_device())
-    with CommRecorder() as rec:
-        opt = ZeroRedundancyOptimizer(net.parameters(), optimizer_class=torch.optim.AdamW, lr=LR)
-        for xb, yb in _global_batches(model, seed, steps, per_rank):
-            opt.zero_grad()
-            global_gradient(net, xb, yb)
-            opt.step()
+    net = build_model(ctx.shared["model"], ctx.shared["seed"], rank_device())
+    opt = ZeroRedundancyOptimizer(net.parameters(), optimizer_class=torch.optim.AdamW, lr=LR)
+    for xb, yb in _on_device(batches):
+        opt.zero_grad()
+        global_gradient(net, xb, yb)
+        opt.step()
     names = {p: name for name, p in net.named_parameters()}
     owned = [names[p] for group in opt.optim.param_groups for p in group["params"]]
     return {"state": state_of(net), "optimizer": optimizer_summary(opt.optim, list(net.parameters())),
-            "ops": plain(rec.ops), "owned": owned}
+            "owned": owned}
 
 
 def shard_children(net, reshard_after_forward=True):
@@ -69,25 +70,25 @@ def shard_children(net, reshard_after_forward=True):
     return net
 
 
-def fully_shard_run(model, seed, steps, per_rank, reshard_after_forward=True):
-    """runs.fsdp_run with torch's fully_shard. Returns {"params": the flat trainable parameters after
-    training (gathered), "ops": the whole run's calls, "local": {name: this rank's shard shape}}."""
-    net = shard_children(build_model(model, seed, rank_device()), reshard_after_forward)
+@splits(_fsdp_case)
+def fully_shard_run(_, batches, ctx):
+    """runs.fsdp_run with torch's fully_shard: launch_run(fully_shard_run, N, None, model, seed, steps,
+    per_rank). Returns {"params": the flat trainable parameters after training (gathered), "local":
+    {name: this rank's shard shape}}; launch_run adds "ops" (the whole run's calls)."""
+    net = shard_children(build_model(ctx.shared["model"], ctx.shared["seed"], rank_device()))
     opt = torch.optim.AdamW(net.parameters(), lr=LR)
-    with CommRecorder() as rec:
-        for xb, yb in _batches(model, seed, steps, per_rank):
-            opt.zero_grad()
-            loss_fn(net(xb), yb).backward()
-            opt.step()
+    for xb, yb in _on_device(batches):
+        opt.zero_grad()
+        loss_fn(net(xb), yb).backward()
+        opt.step()
     local = {name: tuple(p.to_local().shape) for name, p in net.named_parameters()}
-    return {"params": flat_parameters(net), "ops": plain(rec.ops), "local": local}
+    return {"params": flat_parameters(net), "local": local}
 
 
-def mini_fsdp_params(MiniFSDP, model, seed, steps, per_rank):
+@splits(_fsdp_case)
+def mini_fsdp_params(MiniFSDP, batches, ctx):
     """Your MiniFSDP on the same run, its shards gathered into the flat parameters (to compare)."""
-    from dpcourse.topics.zero.runs import fsdp_run
-
-    result = fsdp_run(MiniFSDP, model, seed, steps, per_rank)
+    result = fsdp_run(MiniFSDP, batches, ctx)
     gathered = []
     for shard in result["shards"]:
         pieces = [None] * dist.get_world_size()

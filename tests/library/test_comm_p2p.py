@@ -1,5 +1,5 @@
-"""commcheck: exercises run p2p-only under the recorder; deadlocks and collectives become sentences;
-ring traffic is judged in bytes and steps."""
+"""comm.p2p: exercises run p2p-only under the recorder, each rank on its own tensor; deadlocks and
+collectives become sentences; ring traffic is judged in bytes and steps."""
 
 import time
 
@@ -8,7 +8,8 @@ import torch
 import torch.distributed as dist
 
 from dpcourse import LaunchError
-from dpcourse.comm.calls import Call, Prepared, run_cases, run_p2p, world_peer
+from dpcourse.comm.cases import Case, RankRun, run_cases
+from dpcourse.comm.p2p import run_p2p, run_p2p_cases
 from dpcourse.comm.recorder import CommOp
 from dpcourse.comm.traffic import expect_ring_traffic
 from dpcourse.reference.splits import chunk_bounds
@@ -31,18 +32,18 @@ def test_a_p2p_function_is_recorded_with_results_peers_and_bytes(no_orphans):
     calls = run_p2p(shift, inputs, exercise="shift")
     for c in calls:
         assert torch.equal(c.result, inputs[(c.rank - 1) % 3])
-        assert [(o.op, world_peer(o), o.nbytes) for o in c.sends] == [("send", (c.rank + 1) % 3, 12)]
+        assert [(o.op, o.world_peer, o.nbytes) for o in c.sends] == [("send", (c.rank + 1) % 3, 12)]
         assert c.group_rank == c.rank and c.group_size == 3
 
 
 def test_groups_renumber_ranks_and_peers_are_named_by_world_rank():
     inputs = [torch.full((2,), float(r)) for r in range(4)]
-    (calls,) = run_cases(shift, 4, [dict(inputs=inputs, groups=[[0, 2], [1, 3]])], exercise="shift")
+    (calls,) = run_p2p_cases(shift, 4, [dict(inputs=inputs, groups=[[0, 2], [1, 3]])], exercise="shift")
     for c in calls:
         partner = {0: 2, 2: 0, 1: 3, 3: 1}[c.rank]
         assert torch.equal(c.result, inputs[partner])
         assert c.group_size == 2 and c.group_rank == c.group_members.index(c.rank)
-        assert world_peer(c.sends[0]) == partner and c.sends[0].peer == c.group_members.index(partner)
+        assert c.sends[0].world_peer == partner and c.sends[0].peer == c.group_members.index(partner)
 
 
 def everybody_receives_first(x):
@@ -97,7 +98,7 @@ def test_chunk_bounds_are_tensor_splits(length, world):
 def fake_calls(world, sends_per_rank):
     calls = []
     for rank in range(world):
-        call = Call(rank, rank, group_members=list(range(world)))
+        call = RankRun(rank, tuple(range(world)))
         call.ops = [CommOp("send", (rank + 1) % world, nbytes, 0.0, 0.0) for nbytes in sends_per_rank]
         calls.append(call)
     return calls
@@ -122,28 +123,21 @@ def test_ring_traffic_accepts_a_ring_and_names_the_overhead_of_a_whole_tensor_ri
 def test_reduce_scatter_and_all_reduce_judgements_point_at_the_chunk():
     inputs = [torch.arange(4.0) * (r + 1) for r in range(2)]
     total = inputs[0] + inputs[1]
-    calls = [Call(r, r, group_members=[0, 1], expected=total.clone()) for r in range(2)]
-    calls[0].after = torch.tensor([0.0, 3.0, 2.0, 3.0])   # chunk 0 right
-    calls[1].after = inputs[1].clone()                     # chunk 1 is the input: nothing added
+    calls = [RankRun(r, (0, 1), values={"expected": total.clone()}) for r in range(2)]
+    calls[0].values["after"] = torch.tensor([0.0, 3.0, 2.0, 3.0])   # chunk 0 right
+    calls[1].values["after"] = inputs[1].clone()                     # chunk 1 is the input: nothing added
     with pytest.raises(AssertionError, match="rank 1 .* its chunk 1 .* unchanged from this rank's input"):
         expect_reduce_scattered(calls, inputs, "rs")
-    calls[1].after = torch.tensor([0.0, 3.0, 9.0, 9.0])
+    calls[1].values["after"] = torch.tensor([0.0, 3.0, 9.0, 9.0])
     with pytest.raises(AssertionError, match=r"rank 1: after ar, chunk 1 \(elements 2–3 of 4\)"):
         expect_all_reduced([calls[1], calls[1]], "ar")
 
 
 class Watch:
-    """A minimal Prepared.watch: notes that it ran, and where the rank was."""
+    """A minimal watch a per-case function sets on its context: notes that it ran, and where the rank was."""
 
     def __init__(self, rank):
         self.rank, self.entered = rank, False
-
-    def __enter__(self):
-        self.entered = True
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
     def observed(self):
         return {"entered": self.entered, "rank": self.rank}
@@ -155,11 +149,16 @@ class Watch:
         return " -- a hint from the watch"
 
 
-def prepare_pairs(rank, case):
-    """Ranks 0 and 1 swap their rank numbers; rank 2 sits out; rank 0 raises when asked to."""
-    if rank == 2:
-        return None
-    return Prepared((torch.tensor([float(rank)]), 1 - rank), {"fail": case.get("fail", False)}, Watch(rank))
+def watched_pairs(fn, rank_number, ctx):
+    """Ranks 0 and 1 swap their rank numbers (rank 2 sits out: its part is None), watched."""
+    watch = Watch(ctx.rank)
+    ctx.observe, ctx.where, ctx.hint = watch.observed, watch.where, watch.hint
+    watch.entered = True
+    return {"result": fn(torch.tensor([float(rank_number)]), 1 - ctx.rank, **ctx.shared)}
+
+
+def pairs(**shared):
+    return Case(parts=[0, 1, None], shared=shared, label="swap")
 
 
 def swap(x, peer, fail=False):
@@ -172,16 +171,16 @@ def swap(x, peer, fail=False):
     return out
 
 
-def test_prepare_builds_arguments_in_the_rank_watches_the_call_and_lets_ranks_sit_out(no_orphans):
-    (calls,) = run_cases(swap, 3, [dict(label="swap")], exercise="swap", prepare=prepare_pairs)
+def test_a_per_case_function_watches_the_call_and_ranks_sit_out(no_orphans):
+    (calls,) = run_cases(watched_pairs, swap, 3, [pairs()], exercise="swap", p2p_only=True)
     assert [c.result.item() for c in calls[:2]] == [1.0, 0.0]
-    assert calls[0].observed == {"entered": True, "rank": 0} and calls[0].after is None
+    assert calls[0].observed == {"entered": True, "rank": 0}
     assert calls[2].group_rank is None and calls[2].observed is None and not calls[2].ops
 
 
 def test_an_error_under_a_watch_says_where_the_rank_was(no_orphans):
     with pytest.raises(LaunchError, match=r"swap on rank 0, watched rank 0, half-way: KeyError: 'boom' -- a"):
-        next(run_cases(swap, 3, [dict(fail=True)], exercise="swap", prepare=prepare_pairs))
+        run_cases(watched_pairs, swap, 3, [pairs(fail=True)], exercise="swap", p2p_only=True)
 
 
 def receive_only(x, peer, fail=False):
@@ -190,8 +189,8 @@ def receive_only(x, peer, fail=False):
 
 def test_describe_and_advice_word_a_deadlock_in_the_exercises_terms(no_orphans):
     with pytest.raises(AssertionError) as error:
-        next(run_cases(receive_only, 3, [dict()], exercise="pair", prepare=prepare_pairs, group_timeout=2,
-                       describe=lambda call, case: f"worker {call.rank}: {call.stuck}", advice="Send first."))
+        run_cases(watched_pairs, receive_only, 3, [pairs()], exercise="pair", p2p_only=True, group_timeout=2,
+                  describe=lambda call, about: f"worker {call.rank}: {call.stuck}", advice="Send first.")[0]
     message = str(error.value)
     assert "worker 0: in recv from rank 1" in message and "worker 1: in recv from rank 0" in message
     assert message.endswith("Send first.") and "worker 2" not in message
@@ -199,10 +198,10 @@ def test_describe_and_advice_word_a_deadlock_in_the_exercises_terms(no_orphans):
 
 def test_the_circle_advice_only_when_every_rank_waits_in_the_same_call():
     """'if every rank sends first' is said only when it is true; a wrong peer gets the peer advice."""
-    from dpcourse.comm.calls import PEER_ADVICE, RING_ADVICE, deadlock_advice
+    from dpcourse.comm.cases import PEER_ADVICE, RING_ADVICE, deadlock_advice
 
     def call(rank, stuck):
-        return Call(rank, rank, stuck=stuck)
+        return RankRun(rank, (rank,), failure=("stuck", stuck) if stuck else None)
 
     all_send = [call(r, f"in send to rank {(r + 1) % 3}") for r in range(3)]
     assert deadlock_advice(all_send) == RING_ADVICE

@@ -14,7 +14,8 @@ comment: "weight would become Shard(1)" of Wᵀ), RowwiseParallel shards W on di
 
 Test cells (notebook 08) use these to cut the expected per-rank gradients out of the full
 float64 gradient; the pictures use `locate_slices` to find, in the full weight, the slice a
-learner's rank actually holds.
+learner's rank actually holds. Here, below the topics, because notebooks 08, 09 and 12 cut weights
+the same way (dpcourse.checks.tensors, topics.hybrid, topics.sequence).
 """
 
 import torch
@@ -58,3 +59,13 @@ def locate_slices(local, full, dim):
             return None
         found.append(next((i for i in matches if i not in found), matches[0]))
     return found
+
+
+def shard(tensor, layout, rank, world_size):
+    """Rank's piece of a tensor of a given layout: "column" (dim 0), "row" or "parallel" (the last dim),
+    or the whole tensor ("replicated")."""
+    if layout == "column":
+        return column_shard(tensor, rank, world_size)
+    if layout in ("row", "parallel"):
+        return row_shard(tensor, rank, world_size)
+    return tensor

@@ -1,6 +1,8 @@
-"""Time training steps of several DDP implementations on the same model, interleaved, and compare medians.
+"""Time training steps of several implementations on the same toy model, interleaved, and compare medians.
 
-Used by notebook 05 (compare_step_times: naive, bucketed and torch DDP).
+Used by notebook 05 (compare_step_times: naive, bucketed and torch DDP), and by the benches of every
+chapter that races two implementations (paired_ratios, training_step, print_ratios: 07, 08, 10, 11,
+12): here, below the topics, so that no chapter's bench imports another's.
 
 The variants run interleaved in one run (dpcourse.runtime.timing says why).
 
