@@ -60,6 +60,7 @@ class AttentionRun:
     flops_at: list = field(default_factory=list)  # FLOPs done before each op (same order as ops)
     flops: int = 0  # FLOPs of the whole call (torch's FlopCounterMode)
     peak: int = 0  # peak bytes of the tensors the call created (PeakMemory)
+    most_alive: dict = field(default_factory=dict)  # storage size -> the most alive at once (PeakMemory)
     stuck: str | None = None  # a wait that timed out: where
     forbidden: str | None = None  # a collective in a point-to-point exercise
 
@@ -284,6 +285,8 @@ def run_attention_cases(fn, world_size, cases, *, exercise, p2p_only=False, grou
                                           flops_at=list(report.get("flops_at") or ()),
                                           flops=int(report.get("flops") or 0),
                                           peak=int(report.get("peak") or 0),
+                                          most_alive={int(size): int(count) for size, count
+                                                      in report.get("most_alive") or ()},
                                           stuck=report.get("stuck"), forbidden=report.get("forbidden")))
         runs.append(case_runs)
     router_agrees([[run.ops for run in case_runs] for case_runs in runs], exercise, replace=runs)
@@ -312,7 +315,8 @@ def _attention_side(fn, cases, exercise, p2p_only):
             else:
                 report["error"] = sentence
         report.update(ops=plain_ops(recorder.ops), flops_at=list(recorder.flops_at),
-                      flops=recorder.total_flops, peak=peak.peak_bytes)
+                      flops=recorder.total_flops, peak=peak.peak_bytes,
+                      most_alive=sorted(peak.most_alive.items()))
         reports[-1] = to_cpu(report)
         if report.get("stuck") or report.get("forbidden") or report.get("error"):
             break  # peers will not match the next case's calls
