@@ -483,18 +483,38 @@ def expect_balanced(runs, case, what, factor=1.1):
 
 def expect_flat_memory(alone, ring, what, block):
     """The peak memory of the call, measured by PeakMemory with the same block per rank on 1 rank and on
-    N ranks, grows by less than 3 K/V blocks: the block arriving, and one just sent that its request may
-    still hold, but not the blocks already used. (A rank that kept every block would hold N - 1 more: on 6
-    ranks at least 4 more than alone.)"""
+    N ranks, grows by less than 3 K/V blocks: the block arriving, and the one just sent, which its request
+    keeps alive until the request is dropped (under gloo as under the grader), but not the blocks already
+    used. (A rank that kept every block would hold N - 1 more: on 6 ranks at least 4 more than alone.)
+
+    Measured with the visible test's blocks (4,608 bytes, 6 ranks): the solution grows by 1.6 blocks, correct
+    rings written otherwise by 1.5 to 2.6 (separate isend and irecv with the send request kept past its
+    step; torch's sigmoid merge), all holding at most 3 blocks at once; a ring that stacks K and V anew
+    for every send by 3.6 (4 at once), one that keeps what it received by 4.6 (5 at once). The same
+    figures under gloo and under the grader, quiet or loaded: PeakMemory counts tensors' lifetimes, not
+    time, and the grader's router keeps a block no longer than gloo does (dpcourse.grading.routed)."""
     grow = max(r.peak for r in ring) - max(r.peak for r in alone)
-    if grow >= 3 * block:
-        rank = max(range(len(ring)), key=lambda r: ring[r].peak)
-        raise AssertionError(
-            f"{what}: with the same block per rank, the peak memory of the call grew by 3 K/V blocks or more "
-            f"from 1 rank to {len(ring)}: it keeps the blocks it received. Hold only the block you compute "
-            f"with and the one arriving: a rank must never hold the whole K and V\n"
-            f"(rank {rank}: {ring[rank].peak:,} bytes at the peak on {len(ring)} ranks, "
-            f"{max(r.peak for r in alone):,} alone, +{grow:,}; a K/V block is {block:,} bytes)")
+    if grow < 3 * block:
+        return
+    rank = max(range(len(ring)), key=lambda r: ring[r].peak)
+    held = max(r.most_alive.get(block, 0) for r in ring)
+    held_alone = max(r.most_alive.get(block, 0) for r in alone)
+    n = len(ring)
+    if held >= n - 1:
+        why = ("it keeps the blocks it received (or a copy of each): hold only the block you compute with "
+               "and the one arriving")
+    else:
+        why = ("a block of an earlier step is still alive when the next one is allocated: a request of an "
+               "earlier step keeps its tensor until the request is dropped (gloo's do too: drop them once "
+               "waited for), and a copy made for every send (torch.stack of the received K and V again at "
+               "each step) is one more block -- pass the received tensor on as it is")
+    raise AssertionError(
+        f"{what}: with the same block per rank, the peak memory of the call grew by {grow:,} bytes "
+        f"({grow / block:.1f} K/V blocks of {block:,} bytes) from 1 rank to {n}, 3 blocks or more: it held "
+        f"up to {held} tensors of a K/V block's size at once ({held_alone} alone). A ring "
+        f"needs 3 at most: the block it computes with, the one arriving, and the one it just sent -- {why}"
+        f"\n(rank {rank}: {ring[rank].peak:,} bytes at the peak on {n} ranks, "
+        f"{max(r.peak for r in alone):,} alone)")
 
 
 def expect_ulysses(runs, case, what):
