@@ -37,7 +37,7 @@ from dpcourse.runtime.launcher import launch, launch_options, observed_traffic
 from dpcourse.runtime.timeouts import TIMEOUTS
 from dpcourse.topics.sequence.measure import LayerNormBytes, PeakMemory, StepRecorder
 from dpcourse.topics.sequence.models import contiguous_positions, head_tail_positions, inputs, mlp_block
-from dpcourse.topics.tensor.runs import RankRun, make_groups
+from dpcourse.topics.tensor.runs import RankRun, _views, make_groups
 
 
 @dataclass
@@ -202,6 +202,7 @@ def run_block_cases(cls, world_size, cases, *, exercise, group_timeout=TIMEOUTS[
                                       backward=ops_of(report.get("backward")),
                                       params=report.get("params") or {}, grads=report.get("grads") or {},
                                       no_grad=bool(report.get("no_grad")), saved=report.get("saved"),
+                                      views=dict(report.get("views") or {}),
                                       saved_shapes=report.get("saved_shapes") or []))
         runs.append(case_runs)
     router_agrees([[run.forward + run.backward for run in case_runs] for case_runs in runs], exercise)
@@ -219,13 +220,14 @@ def _block_case(cls, case, exercise):
     group, members = make_groups(case.get("groups"))
     rank, label = dist.get_rank(), case.get("label", exercise)
     index, count = members.index(rank), len(members)
-    module = guarded_call(exercise, label, cls, mlp_block(**case["full"]), group)
+    full = mlp_block(**case["full"])
+    module = guarded_call(exercise, label, cls, full, group)
     x = piece(case["x"], index, count).to(rank_device()).clone().requires_grad_()
     with CommRecorder(exercise=exercise) as rec, LayerNormBytes() as saved:
         output = guarded_call(exercise, label, module, x)
     report = {"forward": plain_ops(rec.ops), "output": output.detach().clone()
               if isinstance(output, torch.Tensor) else None,
-              "saved": saved.nbytes, "saved_shapes": saved.shapes}
+              "saved": saved.nbytes, "saved_shapes": saved.shapes, "views": _views(module, full)}
     dy = piece(case["dy"], index, count).to(rank_device()).clone()
     if not isinstance(output, torch.Tensor):
         raise LearnerError(f"{exercise} ({label})", f"returned {type(output).__name__}, expected a tensor")
