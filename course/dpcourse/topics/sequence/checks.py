@@ -36,6 +36,7 @@ from dpcourse.topics.tensor.checks import (
     RTOL,
     case_group,
     expect_collectives,
+    expect_copies,
     expect_parameters_held,
     expect_tensor,
 )
@@ -153,13 +154,15 @@ def norm_saved_bytes(case, rows):
 
 
 def expect_block(case_runs, case, what, rule=""):
-    """Every rank of a SequenceParallelMLP case: slices held, output piece, input gradient, parameter
-    gradients (the replicated ones: of the rank's own tokens), collectives, LayerNorm's saved bytes."""
+    """Every rank of a SequenceParallelMLP case: slices held (copies, not views of the block's weights),
+    output piece, input gradient, parameter gradients (the replicated ones: of the rank's own tokens),
+    collectives, LayerNorm's saved bytes."""
     sizes = {len(case_group(case, rank, len(case_runs))) for rank in range(len(case_runs))}
     references = {n: block_reference(case, n) for n in sizes}  # groups of different sizes split differently
     for run in case_runs:
         group = case_group(case, run.rank, len(case_runs))
         expect_parameters_held(run, references[len(group)][0], BLOCK, what, group)
+        expect_copies(run, what)  # the text: copy the values, into layers of the rank's own
     for run in case_runs:
         group = case_group(case, run.rank, len(case_runs))
         index, n = group.index(run.rank), len(group)
@@ -428,9 +431,30 @@ def _positions(p):
 
 
 def expect_ring(runs, case, what):
-    """Messages first (the ring's shape), then values."""
+    """Messages first (the ring's shape), then values, then the order of transfers and computation."""
     expect_ring_messages(runs, case, what)
     expect_ring_values(runs, case, what)
+    expect_transfers_posted_first(runs, what)
+
+
+def expect_transfers_posted_first(runs, what):
+    """Each rank posts the send and the receive of step 0 before it computes anything: the text's rule
+    (post the next block's transfer before computing with the current one, wait after), which lets the
+    transfer overlap the computation. A ring that computes first and then posts does it at step 0, with
+    the rank's own block, which always has work. Counted from the FLOPs torch's FlopCounterMode saw
+    before each recorded call (measure.StepRecorder)."""
+    for run in runs:
+        firsts = [next((i for i, o in enumerate(run.ops) if o.op in kinds), None)
+                  for kinds in (("send",), ("recv", "recv_any_source"))]
+        if None in firsts or len(run.flops_at) <= max(firsts):
+            continue
+        done = max(run.flops_at[i] for i in firsts)
+        if done:
+            raise AssertionError(
+                f"{what}: rank {run.rank} did {done:,} FLOPs of attention (of its {run.flops:,}) before "
+                "posting the send and the receive of step 0: post the next block's transfer before computing "
+                "with the block you hold (at step 0 your own), and wait for it after computing -- posted "
+                "after the computation, the transfer cannot overlap it")
 
 
 def pair_flops(case, q_positions, k_positions):
