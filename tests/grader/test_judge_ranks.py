@@ -317,3 +317,18 @@ def test_a_rank_holds_under_the_router_what_it_holds_under_gloo(pool):
     # gloo, measured: the block computed with, the one arriving and the one the kept request holds
     assert on_gloo == [(3 * block, 3, True, True)] * 2, on_gloo
     assert routed == on_gloo
+
+
+def gather_a_list_sized_by_the_world():
+    pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    pieces = [torch.empty(3) for _ in range(dist.get_world_size())]
+    dist.all_gather(pieces, torch.ones(3), group=pairs[dist.get_rank() // 2])
+
+
+def test_a_tensor_list_sized_by_the_world_is_refused_under_the_grader_as_under_gloo(pool):
+    # the router once answered "expected 4 tensor(s) back, got 2": its own bookkeeping, not the mistake
+    message = (r"all_gather on a group of 2 ranks \(world ranks \[[02], [13]\]\): its output list holds 4 "
+               r"tensors, one per rank of the group is needed \(2\) -- its output list is sized for the "
+               r"world's 4 ranks")
+    with pytest.raises(Exception, match=message):
+        launch(gather_a_list_sized_by_the_world, 4, group_timeout=2)

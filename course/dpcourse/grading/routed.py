@@ -25,7 +25,14 @@ import torch.distributed as dist
 from torch.futures import Future
 from torch.utils._python_dispatch import _disable_current_modes
 
-from dpcourse.comm.recorder import ForbiddenCollective, check_peer, check_tensor_layout, note_routed_call
+from dpcourse.comm.recorder import (
+    ForbiddenCollective,
+    check_all_to_all_splits,
+    check_peer,
+    check_tensor_layout,
+    check_tensor_lists,
+    note_routed_call,
+)
 from dpcourse.grading import wire
 from dpcourse.runtime import inside_rank
 
@@ -317,6 +324,8 @@ class RoutedGroup(dist.ProcessGroup):
         return self._collective("barrier", [], [])
 
     def allgather(self, output_lists, inputs, opts=None):
+        check_tensor_lists("all_gather", {"output": output_lists[0] if output_lists else []}, self.size(),
+                           self.members)  # as the recorder does before gloo sees it
         outputs = [t for lst in output_lists for t in lst]
         return self._collective("all_gather", inputs, outputs)
 
@@ -334,6 +343,8 @@ class RoutedGroup(dist.ProcessGroup):
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
     def reduce_scatter(self, outputs, input_lists, opts=None):
+        check_tensor_lists("reduce_scatter", {"input": input_lists[0] if input_lists else []}, self.size(),
+                           self.members)
         inputs = [t for lst in input_lists for t in lst]
         return self._collective("reduce_scatter", inputs, outputs, {"reduce": _reduce_op(opts)})
 
@@ -359,10 +370,12 @@ class RoutedGroup(dist.ProcessGroup):
         return self._collective("scatter", inputs, outputs, {"root": opts.rootRank})
 
     def alltoall(self, outputs, inputs, opts=None):
+        check_tensor_lists("all_to_all", {"output": outputs, "input": inputs}, self.size(), self.members)
         return self._collective("all_to_all", inputs, outputs)
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         """dist.all_to_all_single, even or uneven splits along the first dimension."""
+        check_all_to_all_splits(output, input, output_split_sizes, input_split_sizes, self.size())
         ins = list(input.split(input_split_sizes or [input.shape[0] // self.size()] * self.size()))
         outs = list(output.split(output_split_sizes or [output.shape[0] // self.size()] * self.size()))
         return self._collective("all_to_all_single", ins, outs)
