@@ -7,8 +7,8 @@ its LayerNorm after the gather (right values, t times the memory), fc2's bias be
 residual forgotten, weights that are views of the block's, slices taken by world rank; ring attention
 merged without the log-sum-exp shift, K/V passed the wrong way, the causal mask on block-local
 indices, K and V sent separately, every received block kept, the transfer posted after the compute,
-no causal skipping; the balanced split contiguous, off by one, not ascending, losing the remainder; Ulysses with transposed
-splits, no check of the heads, its pieces in the wrong order, no mask;
+hidden blocks computed (nan), no causal skipping; the balanced split contiguous, off by one, not ascending, losing the remainder; Ulysses with transposed
+splits or none at all, no check of the heads, its pieces in the wrong order or viewed (3, b, ...), no mask;
 routing with the capacity applied before the top-k, the auxiliary loss with the wrong fraction or
 without E or detached from P (the layer built on it keeps its marks), top-2 gates not renormalised,
 choices served token by token, the capacity rounded down;
@@ -167,6 +167,11 @@ BUGS = [
                 "n)])\n"
                 "            for request in requests:\n")],
         loses={"test_ring_attention_basic": "before posting the send and the receive of step 0"}),
+    Bug("ring_attention", "hidden_blocks_computed",  # every block for every query: rows that see no key are nan
+        patch=[("        if causal:                             # only queries that see a key, only keys "
+                "some query sees\n"
+                "            rows, cols = rows[mine >= keys.min()], cols[keys <= mine.max()]\n", "")],
+        loses={"test_ring_attention_causal": "a block the causal mask hides entirely"}),
     Bug("ring_attention", "no_causal_skipping",
         patch=[("        if causal:                             # only queries that see a key, only keys "
                 "some query sees\n"
@@ -205,6 +210,12 @@ BUGS = [
                 "    dist.all_to_all_single(mine, back, [b * h * size * d for size in sizes], [b * h * s * "
                 "d] * n)")],
         loses={"test_ulysses_attention_uneven": "raised on rank"}),
+    Bug("ulysses_attention", "split_sizes_left_out",  # even pieces work; uneven ones: gloo's raw enforce failure
+        patch=[("    dist.all_to_all_single(received, qkv.reshape(-1), [b * 3 * h * size * d for size in sizes],\n"
+                "                           [b * 3 * h * s * d] * n)\n",
+                "    dist.all_to_all_single(received, qkv.reshape(-1))\n")],
+        loses={"test_ulysses_attention_uneven": "without split sizes sends and receives 4 equal pieces"},
+        keeps=["test_ulysses_attention_basic"]),
     Bug("ulysses_attention", "heads_not_checked",
         patch=[("    if heads % n:\n", "    if False:\n")],
         loses={"test_ulysses_attention_uneven": "expected a ValueError"},
@@ -215,6 +226,14 @@ BUGS = [
                 "    whole = torch.cat([p.view(b, 3, h, size, d) for p, size in zip(pieces, sizes, "
                 "strict=True)][::-1], dim=3)")],
         loses={"test_ulysses_attention_basic": "'s output (its queries"}),
+    Bug("ulysses_attention", "pieces_viewed_three_by_batch",  # (3, b, ...) for (b, 3, ...): right at batch 1
+        patch=[("    whole = torch.cat([p.view(b, 3, h, size, d) for p, size in zip(pieces, sizes, strict=True)], "
+                "dim=3)",
+                "    whole = torch.cat([p.view(3, b, h, size, d) for p, size in zip(pieces, sizes, strict=True)], "
+                "dim=3)"),
+               ("attention_block(whole[:, 0], whole[:, 1], whole[:, 2], order, order, causal)",
+                "attention_block(whole[0], whole[1], whole[2], order, order, causal)")],
+        loses={"test_ulysses_attention_basic": "is wrong: first wrong at batch 0, head 0, position 0"}),
     Bug("ulysses_attention", "causal_mask_dropped",
         patch=[("order, order, causal)", "order, order, False)")],
         loses={"test_ulysses_attention_uneven": "'s output (its queries"}),

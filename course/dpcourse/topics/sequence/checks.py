@@ -76,7 +76,12 @@ def gather_semantics(case, world_size):
     """gather_sequence: forward, the group's pieces one after the other along dim 0 (group-rank
     order); backward, the sum over the group of the output gradients, this rank's piece of it."""
     xs, dys = case["inputs"], case["grads"]
-    out = {"outputs": [], "grads": [], "forward": [], "backward": [], "wrong_outputs": {}, "wrong_grads": {}}
+    out = {"outputs": [], "grads": [], "forward": [], "backward": [], "wrong_outputs": {}, "wrong_grads": {},
+           "input_in_place": "all-gather into a new tensor (torch.empty(n * rows, ..., dtype=x.dtype)), "
+                             "never into x or a view of it: the caller still needs x",
+           "grad_in_place": "reduce-scatter into a new tensor (torch.empty(rows // n, ...)), not into the "
+                            "gradient or a piece of it -- the tensor autograd hands to backward may be the "
+                            "caller's own"}
     for rank in range(world_size):
         group = case_group(case, rank, world_size)
         index, n = group.index(rank), len(group)
@@ -102,7 +107,12 @@ def reduce_scatter_semantics(case, world_size):
     """reduce_scatter_sequence: forward, this rank's piece (dim 0) of the sum over the group;
     backward, the group's gradient pieces one after the other (an all-gather)."""
     xs, dys = case["inputs"], case["grads"]
-    out = {"outputs": [], "grads": [], "forward": [], "backward": [], "wrong_outputs": {}, "wrong_grads": {}}
+    out = {"outputs": [], "grads": [], "forward": [], "backward": [], "wrong_outputs": {}, "wrong_grads": {},
+           "input_in_place": "reduce-scatter into a new tensor (torch.empty(rows // n, ..., dtype=x.dtype)), "
+                             "not into x or a piece of it (x.chunk(n)[r] is a view of x): the caller still "
+                             "needs x",
+           "grad_in_place": "all-gather into a new tensor (torch.empty(n * rows, ...)), never into the "
+                            "gradient -- the tensor autograd hands to backward may be the caller's own"}
     for rank in range(world_size):
         group = case_group(case, rank, world_size)
         index, n = group.index(rank), len(group)
@@ -408,19 +418,61 @@ def expect_ring_values(runs, case, what):
         where = f"{what}: rank {run.rank}"
         if isinstance(run.output, torch.Tensor) and run.output.is_floating_point() and \
                 not torch.isfinite(run.output).all():
-            bad = (~torch.isfinite(run.output)).any(dim=-1).any(dim=0).any(dim=0).nonzero().flatten()
-            pos = run.positions[bad[0]].item() if len(bad) else "?"
-            large = case.get("scale", 1) > 1
-            why = ("exp() of large scores overflowed -- subtract the maximum before exponentiating "
-                   "(torch.logsumexp does), and merge blocks with the log-sum-exp rule" if large
-                   else "a query that sees none of a block's keys has scores all -inf and lse -inf, and "
-                        "exp(-inf - (-inf)) is nan -- compute a block only for the queries that see one of "
-                        "its keys")
-            raise AssertionError(f"{where}'s output holds inf or nan (first at query position {pos}): {why}")
+            raise AssertionError(f"{where}'s output holds inf or nan {_why_not_finite(runs, run, case)}")
         if close(run.output, expected[run.rank]):
             continue
         expect_tensor(run.output, expected[run.rank], f"{where}'s output (its queries, positions "
                       f"{_positions(run.positions)})", ring_mistakes(case, len(runs), run.rank))
+
+
+def _not_finite_queries(run):
+    """The positions of the rank's queries whose output holds inf or nan."""
+    if not (isinstance(run.output, torch.Tensor) and run.output.is_floating_point() and run.output.dim() == 4
+            and run.output.shape[2] == len(run.positions)):
+        return []
+    bad = (~torch.isfinite(run.output)).any(dim=-1).any(dim=0).any(dim=0)
+    return [int(p) for p in run.positions[bad]]
+
+
+def _why_not_finite(runs, run, case):
+    """'(first at query position p): why', telling a block the causal mask hides entirely (its scores all
+    -inf, lse -inf, and exp(-inf - (-inf)) nan) from an overflow of exp() of large scores: the queries that
+    go wrong say which. A query that sees every key of every block cannot meet a hidden block."""
+    positions = case_positions(case, len(runs))
+    causal = case.get("causal", False)
+
+    def hidden(p):  # the first block whose keys all come after the query at p
+        return next((j for j, keys in enumerate(positions) if causal and len(keys) and int(keys.min()) > p),
+                    None)
+
+    bad = {p for r in runs for p in _not_finite_queries(r)}
+    mine = _not_finite_queries(run)
+    first = mine[0] if mine else "?"
+    seeing_all = [int(p) for keys in positions for p in keys if hidden(int(p)) is None]
+    masked = bad and all(hidden(p) is not None for p in bad) and any(p not in bad for p in seeing_all)
+    large = case.get("scale", 1) > 1
+    unhidden = next((q for q in sorted(bad) if hidden(q) is None), None)
+    if masked or (unhidden is None and not large):
+        p = next((q for q in mine if hidden(q) is not None), first)
+        j = hidden(p) if isinstance(p, int) else None
+        block = (f", which sees none of the keys of rank {j}'s block (positions {_positions(positions[j])})"
+                 if j is not None else "")
+        return (f"(first at query position {p}{block}): a block the causal mask hides entirely from a "
+                "query gives it scores all -inf and lse -inf, and exp(-inf - (-inf)) is nan -- compute a "
+                "block only for the queries that see one of its keys (those at positions >= its first), and "
+                "skip it for the others")
+    if unhidden is None:
+        return (f"(first at query position {first}): either exp() of large scores overflowed (subtract the "
+                "maximum before exponentiating, as torch.logsumexp does), or a block the causal mask hides "
+                "entirely from a query gave it scores all -inf (skip such a block for that query)")
+    also = f"; also at position {unhidden}" if unhidden != first else ""
+    seen = (f"(first at query position {first}{also}, which sees keys of every block, so no block is hidden "
+            "from it)")
+    if large:
+        return (f"{seen}: exp() of large scores overflowed -- subtract the maximum before exponentiating "
+                "(torch.logsumexp does), and merge blocks with the log-sum-exp rule")
+    return (f"{seen}: merge blocks with the log-sum-exp rule, exponentiating only differences <= 0 "
+            "(exp(lse_block - lse), never a sum of exponentials that can overflow or vanish)")
 
 
 def _positions(p):
@@ -546,11 +598,15 @@ def expect_ulysses(runs, case, what):
     stacked, or one each), then one all-to-all of the output; nothing else."""
     n = len(runs)
     b, heads, seq, d = case["shape"]
-    expected = reference_rows(case, n)
+    expected, whole = reference_rows(case, n), reference_rows(case, 1)[0]
     for run in runs:
         where = f"{what}: rank {run.rank}"
-        expect_tensor(run.output, expected[run.rank], f"{where}'s output (its queries, positions "
-                      f"{_positions(run.positions)})")
+        label = f"{where}'s output (its queries, positions {_positions(run.positions)})"
+        located = "" if close(run.output, expected[run.rank]) else \
+            _first_difference(run.output, expected[run.rank], run.positions, whole)
+        if located:
+            raise AssertionError(f"{label} is wrong: {located}")
+        expect_tensor(run.output, expected[run.rank], label)
         mine = b * heads * len(run.positions) * d * F64
         back = b * (heads // n) * seq * d * F64
         got = [(o.op, o.nbytes) for o in run.ops if o.op != "barrier"]
@@ -566,6 +622,29 @@ def expect_ulysses(runs, case, what):
                 f"expected an all-to-all of q, k and v ({3 * mine} bytes in one call, or {mine} in each of "
                 f"three), then one of the output ({back} bytes: its {heads // n} heads for all {seq} "
                 "positions)")
+
+
+def _first_difference(got, expected, positions, whole):
+    """'first wrong at batch i, head h, position p: x, expected y' for an attention output (batch, heads,
+    len, d), and
+    whose expected row it holds instead, if any: values that only print alike show where they differ, and a
+    piece in the wrong place (batch, head or position) says which. whole: the expected output of every
+    position (batch, heads, seq, d)."""
+    if not (isinstance(got, torch.Tensor) and got.shape == expected.shape and got.dim() == 4):
+        return ""
+    wrong = ~torch.isclose(got.double(), expected.double(), atol=ATOL, rtol=RTOL)
+    if not wrong.any():
+        return ""
+    bi, hi, si, _ = (int(i) for i in wrong.nonzero()[0])
+    text = (f"first wrong at batch {bi}, head {hi}, position {int(positions[si])}: "
+            f"{float(got[bi, hi, si, 0]):.6g}, ... expected {float(expected[bi, hi, si, 0]):.6g}, ...")
+    row = got[bi, hi, si].double()
+    match = (torch.isclose(whole.double(), row, atol=ATOL, rtol=RTOL).all(dim=-1)).nonzero()
+    if len(match):
+        b2, h2, p2 = (int(i) for i in match[0])
+        text += (f" -- that row is the expected row of batch {b2}, head {h2}, position {p2}: a piece in the "
+                 "wrong place")
+    return text
 
 
 def attention_bytes_sent(runs):
