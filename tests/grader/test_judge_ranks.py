@@ -327,7 +327,7 @@ def gather_a_list_sized_by_the_world():
 
 def test_a_tensor_list_sized_by_the_world_is_refused_under_the_grader_as_under_gloo(pool):
     # the router once answered "expected 4 tensor(s) back, got 2": its own bookkeeping, not the mistake
-    message = (r"all_gather on a group of 2 ranks \(world ranks \[[02], [13]\]\): its output list holds 4 "
+    message = (r"all_gather on a group of 2 ranks: its output list holds 4 "
                r"tensors, one per rank of the group is needed \(2\) -- its output list is sized for the "
                r"world's 4 ranks")
     with pytest.raises(Exception, match=message):

@@ -215,7 +215,7 @@ def check_tensor_layout(name, output, input, size):
         f"and view it as you need")
 
 
-def check_tensor_lists(name, lists, size, members=None):
+def check_tensor_lists(name, lists, size):
     """Refuse a list collective whose lists do not hold one tensor per rank of its group, before the backend
     sees it: gloo says "invalid input tensor list size, must be world size" (of a group of 2, given 4), the
     grader's router would reply with fewer tensors than asked. lists: {"output": list, "input": list}, the
@@ -225,10 +225,9 @@ def check_tensor_lists(name, lists, size, members=None):
     for role, tensors in lists.items():
         if tensors is None or len(tensors) == size:
             continue
-        sub_group = members is not None and (world is None or len(members) != world)
-        ranks = f" (world ranks {list(members)})" if sub_group else ""
+        # (which ranks the group holds is left out: the same message from every group, whichever raises first)
         raise TensorLayoutError(
-            f"{name} on a group of {size} ranks{ranks}: its {role} list holds {len(tensors)} tensors, one "
+            f"{name} on a group of {size} ranks: its {role} list holds {len(tensors)} tensors, one "
             f"per rank of the group is needed ({size})"
             + _sized_by_the_world(len(tensors) == world, size, world, f"{role} list"))
 
@@ -341,8 +340,7 @@ class CommRecorder(TorchDispatchMode):
         if raw == "alltoall_base_" and len(args) > 4:
             check_all_to_all_splits(args[0], args[1], args[3], args[4], _process_group(args[2]).size())
         if raw in LISTS_CHECKED and len(args) > 2:
-            check_tensor_lists(name, LISTS_CHECKED[raw](args[0], args[1]), _process_group(args[2]).size(),
-                               _group_of(args))
+            check_tensor_lists(name, LISTS_CHECKED[raw](args[0], args[1]), _process_group(args[2]).size())
         # the bytes this rank puts in: its input tensors, as the grader's router counts them
         # (all_gather: this rank's chunk; reduce_scatter: the whole input); comm.volume turns
         # each record into the bytes a rank sends

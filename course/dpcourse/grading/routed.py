@@ -324,8 +324,8 @@ class RoutedGroup(dist.ProcessGroup):
         return self._collective("barrier", [], [])
 
     def allgather(self, output_lists, inputs, opts=None):
-        check_tensor_lists("all_gather", {"output": output_lists[0] if output_lists else []}, self.size(),
-                           self.members)  # as the recorder does before gloo sees it
+        # as the recorder does before gloo sees it
+        check_tensor_lists("all_gather", {"output": output_lists[0] if output_lists else []}, self.size())
         outputs = [t for lst in output_lists for t in lst]
         return self._collective("all_gather", inputs, outputs)
 
@@ -343,8 +343,7 @@ class RoutedGroup(dist.ProcessGroup):
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
     def reduce_scatter(self, outputs, input_lists, opts=None):
-        check_tensor_lists("reduce_scatter", {"input": input_lists[0] if input_lists else []}, self.size(),
-                           self.members)
+        check_tensor_lists("reduce_scatter", {"input": input_lists[0] if input_lists else []}, self.size())
         inputs = [t for lst in input_lists for t in lst]
         return self._collective("reduce_scatter", inputs, outputs, {"reduce": _reduce_op(opts)})
 
@@ -370,7 +369,7 @@ class RoutedGroup(dist.ProcessGroup):
         return self._collective("scatter", inputs, outputs, {"root": opts.rootRank})
 
     def alltoall(self, outputs, inputs, opts=None):
-        check_tensor_lists("all_to_all", {"output": outputs, "input": inputs}, self.size(), self.members)
+        check_tensor_lists("all_to_all", {"output": outputs, "input": inputs}, self.size())
         return self._collective("all_to_all", inputs, outputs)
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
