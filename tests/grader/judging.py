@@ -34,6 +34,11 @@ def judged_assignment(assignment, tmp_root, deadline=15, exercises=None):
         if cells is None or set(only) & set(cells):
             path = write_variant(assignment, spec["cells"], tmp_root / assignment / name)
             jobs[name] = (path, only)
+    return judge_jobs(assignment, jobs, tmp_root, deadline)
+
+
+def judge_jobs(assignment, jobs, tmp_root, deadline=15):
+    """{name: result} for jobs {name: (notebook path, grade ids to judge or None)}, judged in one process."""
     spec_file = tmp_root / f"{assignment}-jobs.json"
     spec_file.write_text(
         json.dumps([{"submission": str(path), "only": only} for path, only in jobs.values()])
@@ -97,6 +102,7 @@ def result_of(assignment, path, verdicts):
                     "max_points": meta["points"],
                     "manual": False,
                     "message": message,
+                    "output": verdict.get("output") or "",  # what the cell printed
                 }
             )
     score = float(sum(c["points"] or 0 for c in cells))

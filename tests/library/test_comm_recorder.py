@@ -168,3 +168,96 @@ def test_a_tensor_layout_gloo_refuses_or_crashes_on_is_refused_first_with_the_la
     with pytest.raises(LaunchError, match=message):
         launch(gather_stacked, 2, kind, group_timeout=5)
     assert launch(gather_stacked, 2, "concatenated") == ["ok", "ok"]
+
+
+def sized_by_the_world(kind):
+    import warnings
+
+    warnings.simplefilter("ignore", FutureWarning)
+    world, pairs = dist.get_world_size(), [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    group = pairs[dist.get_rank() // 2]
+    with CommRecorder(exercise="sized"):
+        if kind == "gather output":
+            dist.all_gather_into_tensor(torch.empty(world * 3, 2), torch.ones(3, 2), group=group)
+        else:  # the output of a reduce-scatter of 4 rows over the pair: 2 rows, not 4 / world = 1
+            dist.reduce_scatter_tensor(torch.empty(4 // world, 2), torch.ones(4, 2), group=group)
+    return "ok"
+
+
+@pytest.mark.parametrize("kind, message", [
+    ("gather output", r"all_gather_into_tensor on 2 ranks: its output must hold the 2 pieces .* got "
+                      r"\(12, 2\) -- its output is sized for the world's 4 ranks "
+                      r"\(dist.get_world_size\(\)\), not for the group's 2 \(dist.get_world_size\(group\)\)"),
+    ("scatter output", r"reduce_scatter_tensor on 2 ranks: its output must be one of the 2 equal pieces of "
+                       r"its input \(4, 2\) along dim 0, shape \(2, 2\); got \(1, 2\) -- its output is sized "
+                       r"for the world's 4 ranks"),
+])
+def test_a_buffer_sized_by_the_world_on_a_group_is_named_so_and_blamed_on_itself(kind, message):
+    with pytest.raises(LaunchError, match=message):
+        launch(sized_by_the_world, 4, kind, group_timeout=5)
+
+
+def lists_sized_by_the_world(kind):
+    world, pairs = dist.get_world_size(), [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    group = pairs[dist.get_rank() // 2]
+    with CommRecorder(exercise="lists"):
+        if kind == "all_gather":
+            dist.all_gather([torch.empty(3) for _ in range(world)], torch.ones(3), group=group)
+        elif kind == "reduce_scatter":
+            dist.reduce_scatter(torch.empty(3), [torch.ones(3) for _ in range(world)], group=group)
+        else:
+            dist.all_to_all([torch.empty(3) for _ in range(world)], [torch.ones(3) for _ in range(world)],
+                            group=group)
+    return "ok"
+
+
+@pytest.mark.parametrize("kind, role", [("all_gather", "output"), ("reduce_scatter", "input"),
+                                        ("all_to_all", "output")])
+def test_a_tensor_list_sized_by_the_world_on_a_group_is_named_so(kind, role):
+    # gloo: "invalid input tensor list size, must be world size" (of the group) and the like; the router
+    # would answer with fewer tensors than asked: both sides refuse the call first, saying why
+    message = (rf"{kind} on a group of 2 ranks: its {role} list holds 4 tensors, "
+               rf"one per rank of the group is needed \(2\) -- its {role} list is sized for the world's 4 "
+               rf"ranks")
+    with pytest.raises(LaunchError, match=message):
+        launch(lists_sized_by_the_world, 4, kind, group_timeout=5)
+
+
+def all_to_all_of(kind):
+    rank = dist.get_rank()
+    with CommRecorder(exercise="a2a"):
+        if kind == "no splits":  # uneven, no split sizes: gloo's "enforce fail ... in->size == out->size"
+            dist.all_to_all_single(torch.empty(4 - rank, 2), torch.ones(3 + rank, 2))
+        elif kind == "sum":
+            dist.all_to_all_single(torch.empty(4, 2), torch.ones(4, 2), [2, 2], [1, 2])
+        elif kind == "entries":
+            dist.all_to_all_single(torch.empty(4, 2), torch.ones(4, 2), [1, 1, 2], [2, 2])
+    return "ok"
+
+
+@pytest.mark.parametrize("kind, message", [
+    ("no splits", r"all_to_all_single on 2 ranks without split sizes sends and receives 2 equal pieces: its "
+                  r"input and its output must be the same size; got an input of shape \(3, 2\) and an output "
+                  r"of shape \(4, 2\). For pieces of different sizes, pass output_split_sizes"),
+    ("sum", r"input_split_sizes \[1, 2\] add up to 3 rows, and its input has 4 \(dim 0\)"),
+    ("entries", r"output_split_sizes has 3 entries \[1, 1, 2\], one per rank of the group is needed \(2\)"),
+])
+def test_all_to_all_sizes_that_cannot_work_are_explained(kind, message):
+    with pytest.raises(LaunchError, match=message):
+        launch(all_to_all_of, 2, kind, group_timeout=5)
+
+
+def test_splits_that_disagree_between_ranks_are_named_when_gloo_aborts():
+    """Rank 0 sends 1 row to rank 1, which expects 2 from it: no rank can see it alone, and gloo aborts the
+    receiving process ("Received data size doesn't match expected size", measured on torch 2.13); the
+    launcher's report names the likely cause (a rank's report, built here as the launcher builds it)."""
+    from dpcourse.runtime import failures, launcher
+
+    rank = launcher.Rank(0, 1, -1, -1, -1, control=object())
+    rank.exit_status, rank.output_tail = 6, [
+        "terminate called after throwing an instance of 'gloo::EnforceNotMet'",
+        "  what():  [enforce fail at gloo/transport/tcp/pair.cc:456] op.preamble.length <= op.nbytes. 16 vs "
+        "8. Received data size doesn't match expected size. Is there a distributed collective mismatch?"]
+    report = str(failures.describe_failure([rank], [], 5, 3))
+    assert "killed by signal 6 (SIGABRT) -- gloo received a message of another size than the buffer" in report
+    assert "output_split_sizes[j] must be rank j's input_split_sizes[i]" in report, report

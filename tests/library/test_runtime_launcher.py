@@ -296,3 +296,31 @@ def test_unless_not_written_names_unwritten_exercises_and_lets_real_bugs_through
                                                          "gpipe_step or run_schedule are not written yet"]
     with pytest.raises(LaunchError, match="a real bug"), unless_not_written("my_slice"):
         launch(broken, 2)
+
+
+def test_a_rank_traceback_names_files_as_the_learner_knows_them():
+    """Frames of torch and of the course by their package's names, not the machine's absolute paths; the
+    grader's own plumbing and torch's decorators left out; the learner's cells as they are."""
+    from dpcourse.runtime import failures
+
+    text = ('Traceback (most recent call last):\n'
+            '  File "/opt/x/.venv/lib/python3.11/site-packages/torch/_compile.py", line 54, in inner\n'
+            '    return disable_fn(*args, **kwargs)\n'
+            '  File "<cell 3>", line 36, in _gather\n'
+            '    dist.all_gather(pieces, shard, group=self.group)\n'
+            '  File "/opt/x/.venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", '
+            'line 4280, in all_gather\n'
+            '    work = group.allgather([tensor_list], [tensor], opts)\n'
+            '  File "/home/me/course/dpcourse/grading/routed.py", line 327, in allgather\n'
+            '    check_tensor_lists(...)\n'
+            '  File "/home/me/course/dpcourse/comm/recorder.py", line 230, in check_tensor_lists\n'
+            '    raise TensorLayoutError(\n'
+            'TensorLayoutError: all_gather on a group of 2 ranks')
+    lines = failures._trim_traceback(text)
+    assert lines == ['  File "<cell 3>", line 36, in _gather',
+                     '    dist.all_gather(pieces, shard, group=self.group)',
+                     '  File "torch/distributed/distributed_c10d.py", line 4280, in all_gather',
+                     '    work = group.allgather([tensor_list], [tensor], opts)',
+                     '  File "dpcourse/comm/recorder.py", line 230, in check_tensor_lists',
+                     '    raise TensorLayoutError(',
+                     'TensorLayoutError: all_gather on a group of 2 ranks'], lines

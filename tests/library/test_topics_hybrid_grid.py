@@ -157,3 +157,46 @@ def test_a_grid_smaller_than_the_world_must_be_refused_too():
     with pytest.raises(AssertionError, match="2 is smaller than the world size 4: ranks 2 .. 3"):
         expect_bad_sizes_refused(smaller, "1 x 2", cases[1])
     expect_bad_sizes_refused(run_grid_cases(make_grid_groups, 4, cases[1:])[0], "1 x 2", cases[1])
+
+
+def pp_and_tp_swapped(dp, tp, pp=1):
+    """pp varies fastest: rank = (d·tp + t)·pp + p."""
+    rank = dist.get_rank()
+    mesh = torch.arange(dp * pp * tp).view(dp, tp, pp).permute(0, 2, 1)  # [d, p, t]
+    groups = {}
+    for dim, axis in enumerate(AXES):
+        for line in mesh.movedim(dim, -1).reshape(-1, mesh.shape[dim]).tolist():
+            group = dist.new_group(sorted(line))
+            if rank in line:
+                groups[axis] = group
+    coords = dict(zip(AXES, [int(i) for i in (mesh == rank).nonzero()[0]], strict=True))
+    return Grid({"dp": dp, "pp": pp, "tp": tp}, coords, groups)
+
+
+def dp_spanning_the_pipeline(dp, tp, pp=1):
+    """Right coordinates, tp and pp groups; dp groups of every rank with the same tp coordinate."""
+    rank, world, mesh = dist.get_rank(), dp * pp * tp, layout(dp, pp, tp)
+    lines = {"dp": [[r for r in range(world) if r % tp == t] for t in range(tp)],
+             "pp": mesh.movedim(1, -1).reshape(-1, pp).tolist(), "tp": mesh.reshape(-1, tp).tolist()}
+    groups = {}
+    for axis in AXES:
+        for line in lines[axis]:
+            group = dist.new_group(line)
+            if rank in line:
+                groups[axis] = group
+    coords = dict(zip(AXES, [int(i) for i in (mesh == rank).nonzero()[0]], strict=True))
+    return Grid({"dp": dp, "pp": pp, "tp": tp}, coords, groups)
+
+
+@pytest.mark.parametrize("fn, message", [
+    (pp_and_tp_swapped, r"rank 0's pp group has members \[0, 1\], .* -- pp and tp are swapped \(pp varies "
+                        r"fastest\)"),
+    (dp_spanning_the_pipeline, r"rank 0's dp group has members \[0, 2, 4, 6\], expected \[0, 4\] .* -- the "
+                               r"dp group spans the pipeline stages too"),
+])
+def test_each_wrong_3d_layout_is_named_for_what_it_is_not_taken_for_dp_and_tp_swapped(fn, message):
+    case = dict(dp=2, tp=2, pp=2)
+    reports = run_grid_cases(fn, 8, [case])[0]
+    with pytest.raises(AssertionError, match=message) as error:
+        expect_grid(reports, case, "2 x 2 x 2")
+    assert "dp and tp are swapped" not in str(error.value)

@@ -19,6 +19,18 @@ def test_peak_memory_counts_what_is_created_once_per_storage_and_forgets_what_is
         c = torch.cat((b, b))  # 16000 more, while b lives
         a_sum = c.sum()
     assert peak.peak_bytes == 8000 + 16000 + a_sum.element_size()
+    assert peak.most_alive[8000] == 1 and peak.most_alive[16000] == 1  # a's storage, then b's; then c's
+
+
+def test_peak_memory_counts_the_most_tensors_of_one_size_alive_at_once():
+    x = torch.zeros(100, dtype=torch.float64)
+    with PeakMemory() as peak:
+        kept = [x + i for i in range(3)]  # three of 800 bytes at once
+        del kept
+        for i in range(5):
+            y = x + i  # one at a time: the previous is freed when y is rebound
+        del y
+    assert peak.most_alive[800] == 3
 
 
 def test_a_layer_norm_keeps_its_input_and_statistics_however_it_is_called():

@@ -40,6 +40,22 @@ DP_AND_TP_SWAPPED = Bug(
     loses={"test_make_grid_groups_basic": "dp and tp are swapped",
            "test_make_grid_groups_shapes": "dp and tp are swapped"})
 
+PP_AND_TP_SWAPPED = Bug(  # pp varies fastest: a 2-D grid (pp = 1) is right, a 3-D one is not
+    "make_grid_groups", "pp_and_tp_swapped",
+    patch=[("    mesh = torch.arange(world).view(dp, pp, tp)\n",
+            "    mesh = torch.arange(world).view(dp, tp, pp).permute(0, 2, 1)   # pp varies fastest\n"),
+           ('    coords = {"dp": rank // (pp * tp), "pp": rank // tp % pp, "tp": rank % tp}',
+            '    coords = {"dp": rank // (pp * tp), "pp": rank % pp, "tp": rank // pp % tp}')],
+    loses={"test_make_grid_groups_shapes": "pp and tp are swapped"},
+    keeps=["test_make_grid_groups_basic"])
+
+DP_LINES_SPAN_THE_PIPELINE = Bug(  # every rank of the same tp slice, whatever its stage: right when pp = 1
+    "make_grid_groups", "dp_lines_span_the_pipeline",
+    patch=[('    lines = {"dp": [mesh[:, p, t] for p in range(pp) for t in range(tp)],',
+            '    lines = {"dp": [mesh[:, :, t].flatten() for t in range(tp)],')],
+    loses={"test_make_grid_groups_shapes": "the dp group spans the pipeline stages too"},
+    keeps=["test_make_grid_groups_basic"])
+
 PIPELINE_COORDINATE_WITHOUT_MODULO = Bug(
     "make_grid_groups", "pipeline_coordinate_without_modulo",
     patch=[('"pp": rank // tp % pp', '"pp": rank // tp')],
@@ -205,7 +221,8 @@ TP_NOT_CHECKED_AGAINST_THE_FEATURES = Bug(  # tp 3 of 6 GPUs does not divide 102
     loses={"test_plan_limits": "does not split evenly over tp 3"},
     keeps=["test_plan_basic"])
 
-BUGS = [GROUPS_IN_ANOTHER_ORDER_ON_ODD_RANKS, ONLY_ITS_OWN_GROUPS, DP_AND_TP_SWAPPED,
+BUGS = [GROUPS_IN_ANOTHER_ORDER_ON_ODD_RANKS, ONLY_ITS_OWN_GROUPS, DP_AND_TP_SWAPPED, PP_AND_TP_SWAPPED,
+        DP_LINES_SPAN_THE_PIPELINE,
         PIPELINE_COORDINATE_WITHOUT_MODULO, NO_VALUE_ERROR, SMALLER_GRID_ACCEPTED, SIZE_ONE_AXIS_WITHOUT_A_GROUP,
         AVERAGED_OVER_TP, AVERAGED_OVER_THE_WORLD, TP_GRADIENTS_ALSO_ALL_REDUCED_OVER_TP, SUMMED_NOT_AVERAGED,
         ROWS_BY_WORLD_RANK, GRADIENTS_NOT_CLEARED, LOSS_RETURNED_AS_A_TENSOR, LOSS_ALL_REDUCED_OVER_DP,

@@ -4,15 +4,18 @@ Realistic mistakes, at least four per exercise: g's backward all-reducing, keepi
 averaging, or gathering over the world; ḡ without the reduce, through an all-reduce, without its
 check of the length, gathering the gradient in the wrong order; the sequence-parallel block with
 its LayerNorm after the gather (right values, t times the memory), fc2's bias before the sum, the
-residual forgotten, slices taken by world rank; ring attention merged without the log-sum-exp
-shift, K/V passed the wrong way, the causal mask on block-local indices, K and V sent separately,
-every received block kept, no causal skipping; the balanced split contiguous, off by one, not ascending, losing the remainder; Ulysses with transposed
-splits, no check of the heads, its pieces in the wrong order, no mask;
+residual forgotten, weights that are views of the block's, slices taken by world rank; ring attention
+merged without the log-sum-exp shift, K/V passed the wrong way, the causal mask on block-local
+indices, K and V sent separately, every received block kept, the transfer posted after the compute,
+hidden blocks computed (nan), no causal skipping; the balanced split contiguous, off by one, not ascending, losing the remainder; Ulysses with transposed
+splits or none at all, no check of the heads, its pieces in the wrong order or viewed (3, b, ...), no mask;
 routing with the capacity applied before the top-k, the auxiliary loss with the wrong fraction or
-without E, top-2 gates not renormalised, choices served token by token, the capacity rounded down;
-expert parallelism with its all-to-all splits transposed, no gradient through the dispatch, gates
-forgotten, dropped tokens sent anyway, experts picked by world rank, experts that received no
-token skipped (a rank then skips the backward all-to-all). A bug lists the cell that shows it (the basic one when both would say the same, so
+without E or detached from P (the layer built on it keeps its marks), top-2 gates not renormalised,
+choices served token by token, the capacity rounded down;
+expert parallelism with its all-to-all splits transposed, no gradient through the dispatch, its
+aux_loss returned detached, gates forgotten, dropped tokens sent anyway, experts picked by world rank, experts that received no
+token skipped or results written only where rows arrived (a rank that receives nothing then skips
+the backward all-to-all). A bug lists the cell that shows it (the basic one when both would say the same, so
 that grading the chapter stays as fast as its neighbours'), and the cells it must keep passing.
 """
 
@@ -26,6 +29,7 @@ ROUTE = ["test_route_tokens_basic", "test_route_tokens_top2"]
 SOLVED_OPERATORS = {"gather_sequence": solution_code(ASSIGNMENT, "gather_sequence"),
                     "reduce_scatter_sequence": solution_code(ASSIGNMENT, "reduce_scatter_sequence")}
 SOLVED_ROUTER = {"route_tokens": solution_code(ASSIGNMENT, "route_tokens")}
+SOLVED_MOE = {"expert_parallel_moe": solution_code(ASSIGNMENT, "expert_parallel_moe")}
 
 
 def _all(cells, fragment):
@@ -96,6 +100,12 @@ BUGS = [
     _block_bug("residual_forgotten",
                patch=[("        return x + y\n", "        return y\n")],
                loses={"test_sequence_parallel_mlp_basic": "the residual x is missing"}),
+    _block_bug("weights_are_views_of_the_block",  # the text: copy the values (copy_), not views of the block's
+               patch=[("            self.fc1.weight.copy_(block.fc1.weight[rows])\n",
+                       "            self.fc1.weight = nn.Parameter(block.fc1.weight[rows])\n"),
+                      ("            self.fc2.weight.copy_(block.fc2.weight[:, rows])\n",
+                       "            self.fc2.weight = nn.Parameter(block.fc2.weight[:, rows])\n")],
+               loses={"test_sequence_parallel_mlp_basic": "fc1.weight is a view of the unsharded module's"}),
     _block_bug("slices_by_world_rank",
                patch=[("        n, r = dist.get_world_size(group), dist.get_rank(group)\n",
                        "        n, r = dist.get_world_size(group), dist.get_rank()\n")],
@@ -139,6 +149,29 @@ BUGS = [
         patch=[("    kv = torch.stack((k, v))\n", "    kv = torch.stack((k, v))\n    received = []\n"),
                ("            kv = incoming\n", "            kv = incoming\n            received.append(incoming)\n")],
         loses={"test_ring_attention_work": "it keeps the blocks it received"}),
+    Bug("ring_attention", "transfer_posted_after_the_compute",  # the text: post, compute, then wait
+        patch=[("        if step < n - 1:                       # pass the block on while computing with it\n"
+                "            incoming = torch.empty((2, *k.shape[:-2], len(positions[(source - 1) % n]), "
+                "k.shape[-1]),\n"
+                "                                   dtype=k.dtype, device=k.device)\n"
+                "            requests = dist.batch_isend_irecv([dist.P2POp(dist.isend, kv, (me + 1) % n),\n"
+                "                                               dist.P2POp(dist.irecv, incoming, (me - 1) % "
+                "n)])\n", ""),
+               ("        if step < n - 1:\n            for request in requests:\n",
+                "        if step < n - 1:\n"
+                "            incoming = torch.empty((2, *k.shape[:-2], len(positions[(source - 1) % n]), "
+                "k.shape[-1]),\n"
+                "                                   dtype=k.dtype, device=k.device)\n"
+                "            requests = dist.batch_isend_irecv([dist.P2POp(dist.isend, kv, (me + 1) % n),\n"
+                "                                               dist.P2POp(dist.irecv, incoming, (me - 1) % "
+                "n)])\n"
+                "            for request in requests:\n")],
+        loses={"test_ring_attention_basic": "before posting the send and the receive of step 0"}),
+    Bug("ring_attention", "hidden_blocks_computed",  # every block for every query: rows that see no key are nan
+        patch=[("        if causal:                             # only queries that see a key, only keys "
+                "some query sees\n"
+                "            rows, cols = rows[mine >= keys.min()], cols[keys <= mine.max()]\n", "")],
+        loses={"test_ring_attention_causal": "a block the causal mask hides entirely"}),
     Bug("ring_attention", "no_causal_skipping",
         patch=[("        if causal:                             # only queries that see a key, only keys "
                 "some query sees\n"
@@ -177,6 +210,12 @@ BUGS = [
                 "    dist.all_to_all_single(mine, back, [b * h * size * d for size in sizes], [b * h * s * "
                 "d] * n)")],
         loses={"test_ulysses_attention_uneven": "raised on rank"}),
+    Bug("ulysses_attention", "split_sizes_left_out",  # even pieces work; uneven ones: gloo's raw enforce failure
+        patch=[("    dist.all_to_all_single(received, qkv.reshape(-1), [b * 3 * h * size * d for size in sizes],\n"
+                "                           [b * 3 * h * s * d] * n)\n",
+                "    dist.all_to_all_single(received, qkv.reshape(-1))\n")],
+        loses={"test_ulysses_attention_uneven": "without split sizes sends and receives 4 equal pieces"},
+        keeps=["test_ulysses_attention_basic"]),
     Bug("ulysses_attention", "heads_not_checked",
         patch=[("    if heads % n:\n", "    if False:\n")],
         loses={"test_ulysses_attention_uneven": "expected a ValueError"},
@@ -187,6 +226,14 @@ BUGS = [
                 "    whole = torch.cat([p.view(b, 3, h, size, d) for p, size in zip(pieces, sizes, "
                 "strict=True)][::-1], dim=3)")],
         loses={"test_ulysses_attention_basic": "'s output (its queries"}),
+    Bug("ulysses_attention", "pieces_viewed_three_by_batch",  # (3, b, ...) for (b, 3, ...): right at batch 1
+        patch=[("    whole = torch.cat([p.view(b, 3, h, size, d) for p, size in zip(pieces, sizes, strict=True)], "
+                "dim=3)",
+                "    whole = torch.cat([p.view(3, b, h, size, d) for p, size in zip(pieces, sizes, strict=True)], "
+                "dim=3)"),
+               ("attention_block(whole[:, 0], whole[:, 1], whole[:, 2], order, order, causal)",
+                "attention_block(whole[0], whole[1], whole[2], order, order, causal)")],
+        loses={"test_ulysses_attention_basic": "is wrong: first wrong at batch 0, head 0, position 0"}),
     Bug("ulysses_attention", "causal_mask_dropped",
         patch=[("order, order, causal)", "order, order, False)")],
         loses={"test_ulysses_attention_uneven": "'s output (its queries"}),
@@ -213,6 +260,11 @@ BUGS = [
                ("    kept = (place < capacity).view(k, tokens).t()", "    kept = (place < capacity).view(tokens, k)")],
         loses={"test_route_tokens_top2": "first choices in token order, then second choices"},
         keeps=["test_route_tokens_basic"]),
+    Bug("route_tokens", "aux_loss_detached",  # the text: differentiable through P; the layer on it is right
+        patch=[("    aux_loss = alpha * n_experts * (fraction * probs.mean(dim=0)).sum()",
+                "    aux_loss = alpha * n_experts * (fraction * probs.detach().mean(dim=0)).sum()")],
+        cells=dict(SOLVED_MOE), loses=_all(ROUTE, "aux_loss does not require grad when the logits do"),
+        keeps=["test_expert_parallel_moe_basic", "test_expert_parallel_moe_top2"]),
     Bug("route_tokens", "capacity_rounded_down",
         patch=[("math.ceil(capacity_factor * k * tokens / n_experts)",
                 "math.floor(capacity_factor * k * tokens / n_experts)")],
@@ -238,6 +290,15 @@ BUGS = [
              patch=[("        n, r = dist.get_world_size(group), dist.get_rank(group)\n",
                      "        n, r = dist.get_world_size(group), dist.get_rank()\n")],
              loses={"test_expert_parallel_moe_top2": "whose world rank is"},
+             keeps=["test_expert_parallel_moe_basic"]),
+    _moe_bug("aux_loss_returned_detached",  # its router's aux_loss is differentiable: the layer is to blame
+             patch=[("        return y, aux_loss\n", "        return y, aux_loss.detach()\n")],
+             loses={"test_expert_parallel_moe_basic": "though your route_tokens' aux_loss is differentiable"}),
+    _moe_bug("results_written_in_place_only_where_rows_arrived",  # a rank that receives nothing skips backward
+             patch=[("            done = done.index_copy(0, rows, module(arrived[rows]))\n",
+                     "            if len(rows):\n"
+                     "                done[rows] = module(arrived[rows])\n")],
+             loses={"test_expert_parallel_moe_top2": "Build the experts' results from the received rows"},
              keeps=["test_expert_parallel_moe_basic"]),
     _moe_bug("experts_without_tokens_skipped",
              patch=[("            rows = (local == e).nonzero().flatten()\n",

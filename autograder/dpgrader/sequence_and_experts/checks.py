@@ -14,8 +14,8 @@ every token routed to one expert. Several cases share a launch: grading the chap
 import torch
 
 from dpcourse.checks.tensors import expect_operator
-from dpcourse.topics.experts.checks import expect_moe, expect_routing
-from dpcourse.topics.experts.models import choices, mixture
+from dpcourse.topics.experts.checks import expect_aux_gradient, expect_moe, expect_routing
+from dpcourse.topics.experts.models import tokens_towards
 from dpcourse.topics.experts.runs import run_moe_cases
 from dpcourse.topics.sequence.checks import (
     expect_balanced,
@@ -218,21 +218,12 @@ def check_route_tokens(route_tokens):
         expect_routing(route_tokens(logits, k, capacity_factor), logits, k, capacity_factor,
                        f"route_tokens(logits of {logits.shape[0]} tokens x {logits.shape[1]} experts, k={k}, "
                        f"capacity_factor={capacity_factor})")
+    expect_aux_gradient(route_tokens, [cases[1], cases[2], cases[3], cases[7]])  # top-2, one launch
 
 
 # --------------------------------------------------------------------------- 8. expert parallelism
 
-def _towards(full, expert, tokens, seed):
-    """Tokens whose first choice is `expert` for the layer `full` (its router's row, plus a little noise)."""
-    moe = mixture(**dict(full, device="cpu"))
-    row = moe.router.weight.detach()[expert]
-    x = 6.0 * row / row.norm() + 0.05 * inputs((tokens, row.numel()), seed)
-    _, experts, _ = choices(moe.router(x).detach(), 1)
-    assert bool((experts[:, 0] == expert).all()), "the hidden check's tokens missed their expert"
-    return x
-
-
-def check_expert_parallel_moe(ExpertParallelMoE):
+def check_expert_parallel_moe(ExpertParallelMoE, route_tokens=None):
     """One launch of 4 ranks, three layers: 8 experts over the world; 6 experts over a group of 3 (a skewed
     router: some experts get no token) next to a group of 1 holding all 6; 4 experts over two pairs with
     every token sent to expert 1."""
@@ -248,7 +239,7 @@ def check_expert_parallel_moe(ExpertParallelMoE):
     cases = []
     for groups, full, tokens, one_expert in layouts:
         if one_expert:
-            xs = [_towards(full, 1, t, 50 + r) for r, t in enumerate(tokens)]
+            xs = [tokens_towards(full, 1, t, 50 + r) for r, t in enumerate(tokens)]
         else:
             xs = [inputs((t, full["d_model"]), 50 + r) for r, t in enumerate(tokens)]
         cases.append(dict(full=full, xs=xs, groups=groups,
@@ -259,7 +250,7 @@ def check_expert_parallel_moe(ExpertParallelMoE):
                                  + (", every token to expert 1" if one_expert else ""))))
     runs = run_moe_cases(ExpertParallelMoE, 4, cases, exercise="ExpertParallelMoE")
     for case, case_runs in zip(cases, runs, strict=True):
-        expect_moe(case_runs, case, f"ExpertParallelMoE on {case['label']}")
+        expect_moe(case_runs, case, f"ExpertParallelMoE on {case['label']}", route_tokens=route_tokens)
 
 
 __all__ = ["check_gather_sequence", "check_reduce_scatter_sequence", "check_sequence_parallel_mlp",

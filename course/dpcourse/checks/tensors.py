@@ -35,11 +35,22 @@ def expect_tensor(got, expected, what, wrong=()):
         raise AssertionError(f"{what} has shape {tuple(got.shape)}, expected {tuple(expected.shape)}")
     if close(got, expected):
         return
+    _expect_dtype(got, expected, what)
     hint = next((f" -- {why}" for candidate, why in wrong if close(got, candidate)), "")
     if not hint:
         hint = ratio_hint(got, expected)
     raise AssertionError(f"{what} is {describe(got)}, expected {describe(expected)}{hint}")
 
+
+def _expect_dtype(got, expected, what):
+    """A result of the right values in a less precise dtype (an output buffer allocated with torch.empty's
+    default, float32, for float64 inputs) prints like the expected one: name the dtype."""
+    if got.dtype == expected.dtype or not (got.is_floating_point() and expected.is_floating_point()):
+        return
+    if is_close(got, expected):  # the looser tolerance of the two dtypes
+        raise AssertionError(f"{what} has dtype {got.dtype}, expected {expected.dtype}: its values are right "
+                             f"to {got.dtype}'s precision -- allocate outputs with the input's dtype "
+                             f"(torch.empty(..., dtype=x.dtype); its default is {torch.get_default_dtype()})")
 
 
 # --------------------------------------------------------------------------- collectives
@@ -86,12 +97,16 @@ def _bytes_hint(got, expected):
     return ""
 
 
-
 # --------------------------------------------------------------------------- operators
+
+GRAD_IN_PLACE = ("all-reduce a copy (grad.clone()) -- the tensor autograd hands to backward may be the "
+                 "caller's own")
+
 
 def expect_operator(case_runs, case, expected, what, rule=""):
     """Each rank's output, input gradient and collectives against `expected` (one of the
-    *_semantics above), and its input left unchanged."""
+    *_semantics of its chapter), and its input left unchanged (expected["input_in_place"] and
+    ["grad_in_place"]: the advice when it is not, in the words of the operator's chapter)."""
     for run in case_runs:
         where = f"{what}: rank {run.rank}"
         group = members_of(case.get("groups"), run.rank, len(case_runs))
@@ -101,7 +116,8 @@ def expect_operator(case_runs, case, expected, what, rule=""):
         if not torch.equal(run.input_after, case["inputs"][run.rank].to(run.input_after.dtype)):
             raise AssertionError(f"{where} changed its input x in place (it is now "
                                  f"{describe(run.input_after)}, was {describe(case['inputs'][run.rank])}): "
-                                 f"all-reduce a copy (x.clone()): the caller still needs x")
+                                 + expected.get("input_in_place", "all-reduce a copy (x.clone()): the caller "
+                                                                  "still needs x"))
         if run.no_grad:
             raise AssertionError(f"{where}'s output does not require grad: return the result of your "
                                  f"autograd.Function (YourFunction.apply(x, group)) so backward can reach x")
@@ -109,8 +125,8 @@ def expect_operator(case_runs, case, expected, what, rule=""):
         if run.grad_after is not None:
             raise AssertionError(f"{where}'s backward changed the gradient it was handed, in place (the "
                                  f"caller's tensor is now {describe(run.grad_after)}, was "
-                                 f"{describe(case['grads'][run.rank])}): all-reduce a copy (grad.clone()) -- "
-                                 f"the tensor autograd hands to backward may be the caller's own")
+                                 f"{describe(case['grads'][run.rank])}): "
+                                 + expected.get("grad_in_place", GRAD_IN_PLACE))
         if run.input_grad is None:
             raise AssertionError(f"{where}: no gradient reached x: backward must return a gradient for x "
                                  f"(and None for the group)")
@@ -118,8 +134,18 @@ def expect_operator(case_runs, case, expected, what, rule=""):
                       expected["wrong_grads"].get(run.rank, ()))
 
 
-
 # --------------------------------------------------------------------------- parameter slices
+
+def expect_copies(run, what):
+    """No parameter shares memory with the unsharded module's (a view keeps the whole weight on every
+    rank, and an update of the slice writes into the unsharded module)."""
+    for name, (kept, own) in sorted(run.views.items()):
+        keeps = f"it keeps all {kept} values of the full tensor alive for its {own}, and " if kept > own \
+            else ""
+        raise AssertionError(f"{what}: rank {run.rank}'s {name} is a view of the unsharded module's "
+                             f"parameter, not a copy: {keeps}every update of it writes into the unsharded "
+                             f"module -- keep a copy, e.g. nn.Parameter(linear.weight.detach()[a:b].clone())")
+
 
 def expect_parameters_held(run, full, layout, what, group, params=None):
     """The module's parameters are the rank's slices of the full ones, named like the reference's

@@ -40,6 +40,15 @@ def parameters_of(module):
             "grads": {n: tensor_or_none(p.grad) for n, p in module.named_parameters()}}
 
 
+def views_of(module, full):
+    """{parameter name: (elements of the memory it keeps, its own elements)} for the module's parameters
+    that share memory with the unsharded module's (a view, not a copy: it keeps the whole weight alive
+    and an update of it writes into the unsharded module)."""
+    theirs = {p.untyped_storage().data_ptr() for p in full.parameters()}
+    return {name: (p.untyped_storage().nbytes() // p.element_size(), p.numel())
+            for name, p in module.named_parameters() if p.untyped_storage().data_ptr() in theirs}
+
+
 def backward_of(report, output, dy, ctx):
     """output.backward(dy) in phase "backward"; what happened goes into the report (and dy, if the
     backward changed the gradient it was handed in place). Used by the per-case functions of 08 and 12."""

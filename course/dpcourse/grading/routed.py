@@ -23,8 +23,16 @@ import time
 import torch
 import torch.distributed as dist
 from torch.futures import Future
+from torch.utils._python_dispatch import _disable_current_modes
 
-from dpcourse.comm.recorder import ForbiddenCollective, check_peer, check_tensor_layout, note_routed_call
+from dpcourse.comm.recorder import (
+    ForbiddenCollective,
+    check_all_to_all_splits,
+    check_peer,
+    check_tensor_layout,
+    check_tensor_lists,
+    note_routed_call,
+)
 from dpcourse.grading import wire
 from dpcourse.runtime import inside_rank
 
@@ -55,7 +63,13 @@ class Link:
                 self.pending[seq] = (future, what, time.monotonic() + self.timeout, on_reply)
                 if ack_future is not None:
                     self.acks[seq] = ack_future
-                self.sock.sendall(wire.encode(dict(header, seq=seq), tensors))
+                # the frame's copy of the tensors is the grader's, not the rank's program's: made outside
+                # the rank's dispatch modes, so that what a rank measures of itself (notebook 12's
+                # PeakMemory, its FLOP counter) is what it measures under gloo
+                with _disable_current_modes():
+                    frame = wire.encode(dict(header, seq=seq), tensors)
+                self.sock.sendall(frame)
+                del frame
         except OSError:
             refused = self._refusal(future)
             if refused is None:
@@ -118,12 +132,18 @@ class Link:
         threading.Thread(target=self._complete_and_release, args=(box,), daemon=True).start()
 
     def _complete_and_release(self, box):
-        entry, header, tensors = box
+        future, outcome = self._outcome(*box)
         box.clear()
+        # Nothing of the rank's is held here any more but `outcome` (a collective's outputs, which its
+        # future keeps anyway): once the rank's wait returns, this thread keeps none of its buffers
+        # alive, as gloo's does not -- what a rank holds is measured while graded.
         try:
-            self._complete(entry, header, tensors)
+            if isinstance(outcome, BaseException):
+                future.set_exception(outcome)
+            else:
+                future.set_result(outcome)
         finally:
-            del entry, header, tensors
+            del future, outcome
             self._release()
 
     def _hold(self):
@@ -142,15 +162,15 @@ class Link:
             self.settled.wait_for(lambda: self.in_hand == 0, timeout)
 
     @staticmethod
-    def _complete(entry, header, tensors):
+    def _outcome(entry, header, tensors):
+        """(future, its result or exception) of a reply, worked out before the future completes."""
         future, _, _, on_reply = entry
         if header.get("k") == "error":
-            future.set_exception(RuntimeError(header.get("msg", "the router refused the call")))
-            return
+            return future, RuntimeError(header.get("msg", "the router refused the call"))
         try:
-            future.set_result(on_reply(tensors))
+            return future, on_reply(tensors)
         except Exception as exc:  # noqa: BLE001 - a mismatch (size, dtype) is the caller's error
-            future.set_exception(exc)
+            return future, exc
 
     def _watch(self):
         """Fail every wait that outlived the group timeout, as gloo does."""
@@ -179,9 +199,13 @@ class RoutedWork(dist.Work):
     """A request in flight. Not torch's future-wrapping Work: its wait() returns True even when the
     future failed, so a timeout or a refused call would pass silently; this one raises, as gloo's."""
 
-    def __init__(self, future, p2p=False):
+    def __init__(self, future, p2p=False, holds=()):
         super().__init__()
         self.future, self.p2p, self.waited = future, p2p, False
+        # gloo's send and recv requests keep their tensor alive for as long as the request object lives,
+        # waited for or not (measured, torch 2.13), and no longer: so does this one, and its future
+        # (completed by the reader's thread) keeps nothing of the rank's
+        self.holds = list(holds)
 
     def wait(self, timeout=None):
         self.future.wait()  # raises what the router or the watchdog set
@@ -207,12 +231,13 @@ class RoutedWork(dist.Work):
         return self.future
 
 
-def _work(future, p2p=False):
-    return RoutedWork(future, p2p)
+def _work(future, p2p=False, holds=()):
+    return RoutedWork(future, p2p, holds)
 
 
-def _copy_into(targets):
-    """A reply handler that copies the router's tensors into `targets` (checking shapes)."""
+def _copy_into(targets, result=True):
+    """A reply handler that copies the router's tensors into `targets` (checking shapes); its result is
+    `targets` (result=False: None, for a receive, whose request holds its buffer itself)."""
     def on_reply(tensors):
         if len(tensors) != len(targets):
             raise RuntimeError(f"expected {len(targets)} tensor(s) back, got {len(tensors)}")
@@ -222,7 +247,7 @@ def _copy_into(targets):
                                    f"received {value.numel()}")
             with torch.no_grad():
                 target.copy_(value.reshape(target.shape).to(target.dtype))
-        return targets
+        return targets if result else None
     return on_reply
 
 
@@ -255,8 +280,8 @@ class RoutedGroup(dist.ProcessGroup):
         note_routed_call("send", dst, tensors[:1], self.members)
         peer = self._other(dst)
         future, _ = _link.request({"k": "send", "group": self.members, "dst": peer, "tag": tag},
-                                  tensors[:1], f"send to rank {peer}", lambda _: tensors)
-        return _work(future, p2p=True)
+                                  tensors[:1], f"send to rank {peer}", lambda _: None)
+        return _work(future, p2p=True, holds=tensors[:1])
 
     def recv(self, tensors, src, tag=0):
         check_peer("recv", src, self.size(), self.members)  # -1 would index the last member
@@ -264,8 +289,9 @@ class RoutedGroup(dist.ProcessGroup):
         peer = self._other(src)
         t = tensors[0]
         future, _ = _link.request({"k": "recv", "group": self.members, "src": peer, "tag": tag,
-                                   "numel": t.numel()}, (), f"recv from rank {peer}", _copy_into([t]))
-        return _work(future, p2p=True)
+                                   "numel": t.numel()}, (), f"recv from rank {peer}",
+                                  _copy_into([t], result=False))
+        return _work(future, p2p=True, holds=[t])
 
     def recv_anysource(self, tensors, tag=0):
         raise RuntimeError("receiving from any source is not supported while grading: name the sender")
@@ -298,6 +324,8 @@ class RoutedGroup(dist.ProcessGroup):
         return self._collective("barrier", [], [])
 
     def allgather(self, output_lists, inputs, opts=None):
+        # as the recorder does before gloo sees it
+        check_tensor_lists("all_gather", {"output": output_lists[0] if output_lists else []}, self.size())
         outputs = [t for lst in output_lists for t in lst]
         return self._collective("all_gather", inputs, outputs)
 
@@ -315,6 +343,7 @@ class RoutedGroup(dist.ProcessGroup):
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
     def reduce_scatter(self, outputs, input_lists, opts=None):
+        check_tensor_lists("reduce_scatter", {"input": input_lists[0] if input_lists else []}, self.size())
         inputs = [t for lst in input_lists for t in lst]
         return self._collective("reduce_scatter", inputs, outputs, {"reduce": _reduce_op(opts)})
 
@@ -340,10 +369,12 @@ class RoutedGroup(dist.ProcessGroup):
         return self._collective("scatter", inputs, outputs, {"root": opts.rootRank})
 
     def alltoall(self, outputs, inputs, opts=None):
+        check_tensor_lists("all_to_all", {"output": outputs, "input": inputs}, self.size())
         return self._collective("all_to_all", inputs, outputs)
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         """dist.all_to_all_single, even or uneven splits along the first dimension."""
+        check_all_to_all_splits(output, input, output_split_sizes, input_split_sizes, self.size())
         ins = list(input.split(input_split_sizes or [input.shape[0] // self.size()] * self.size()))
         outs = list(output.split(output_split_sizes or [output.shape[0] // self.size()] * self.size()))
         return self._collective("all_to_all_single", ins, outs)

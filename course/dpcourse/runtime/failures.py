@@ -26,6 +26,7 @@ VICTIM = re.compile(r"closed by peer|Connection reset|Broken pipe|ECONNRESET|Con
                     r"|Socket closed|connection closed", re.I)
 
 
+SIZE_MISMATCH = "Received data size doesn't match expected size"  # gloo's pair.cc, before it aborts
 WAITED = re.compile(r"Timed out|timeout|timed out|Timeout", re.I)
 
 
@@ -196,6 +197,10 @@ def _headline(r, world):
         hint = "" if sig != signal.SIGKILL else (
             " -- a SIGKILL comes from outside the rank, most often for using too much memory (Linux's "
             "out-of-memory killer, or the memory limit of a graded notebook)")
+        if any(SIZE_MISMATCH in line for line in r.output_tail or ()):
+            hint = (" -- gloo received a message of another size than the buffer posted for it, and stopped "
+                    "the process: the ranks' sizes do not match (for all_to_all_single, rank i's "
+                    "output_split_sizes[j] must be rank j's input_split_sizes[i])")
         return f"rank {r.rank} of {world} was killed by signal {sig} ({signal.Signals(sig).name}){hint}"
     return (f"rank {r.rank} of {world} exited with code {os.WEXITSTATUS(status)} before returning "
             f"(os._exit, sys.exit in a C extension, or a crash)")
@@ -239,21 +244,41 @@ def _names(rs):
 
 
 def _trim_traceback(text):
-    """Drop the launcher's frames and the hidden checks' (grader-side) frames: the learner's
-    code is what matters, and hidden test code must not show in feedback."""
+    """Drop the launcher's frames, the hidden checks' (grader-side) frames and torch's decorators: the
+    learner's code is what matters, and hidden test code must not show in feedback. The frames left
+    name files as the learner knows them: `torch/distributed/distributed_c10d.py`,
+    `dpcourse/topics/sequence/runs.py`, never the machine's absolute paths (a rank's text: shown, not
+    opened)."""
     out, skipping = [], False
     for line in text.rstrip().splitlines():
         if line.startswith("  File "):
             skipping = any(p in line for p in ("dpcourse/runtime/inside_rank.py",
-                                                "dpcourse/grading/zygote.py",
+                                                "dpcourse/grading/",  # the grader's, not in a notebook
                                                 "dpcourse/runtime/launcher.py", "dpcourse/checks/ranks.py",
                                                 "dpcourse/comm/cases.py", "dpcourse/comm/p2p.py",
-                                                "torch/distributed/c10d_logger.py", "dpgrader/"))
+                                                "torch/distributed/c10d_logger.py", "torch/_compile.py",
+                                                "torch/_dynamo/eval_frame.py", "dpgrader/"))
+            line = FILE_LINE.sub(lambda m: f'  File "{relative(m[1])}"', line)
         elif not line.startswith("    "):
             skipping = False
         if not skipping and not line.startswith("Traceback (most recent call last)"):
             out.append(line)
     return _with_cell_lines(out)
+
+
+FILE_LINE = re.compile(r'^  File "([^"]+)"')
+
+
+def relative(path):
+    """A file as a learner knows it: torch's and other packages' from their package (site-packages/...
+    dropped), the course's from `dpcourse/`, the standard library's from its folder; any other path, and
+    a learner's cell (`<cell 3>`), as it is."""
+    if "site-packages/" in path:
+        return path.rsplit("site-packages/", 1)[1]
+    if "/dpcourse/" in path:
+        return path[path.rindex("/dpcourse/") + 1:]
+    stdlib = sysconfig.get_paths()["stdlib"].rstrip("/") + "/"
+    return path[len(stdlib):] if path.startswith(stdlib) else path
 
 
 CELL_FRAME = re.compile(r'^  File "(?P<path><cell \d+>)", line (?P<line>\d+)')
@@ -328,7 +353,7 @@ def _where(r):
 def _stack_lines(r):
     lines = []
     for f in reversed(_stack(r)):
-        lines.append(f'  File "{f["path"]}", line {f["line"]}, in {f["func"]}')
+        lines.append(f'  File "{relative(f["path"])}", line {f["line"]}, in {f["func"]}')
         source = (_source(f["path"], f["line"]) or "").strip()
         if source:
             lines.append(f"    {source}")
@@ -336,4 +361,4 @@ def _stack_lines(r):
 
 
 def _short(path):
-    return path.split("site-packages/")[-1]
+    return relative(path)

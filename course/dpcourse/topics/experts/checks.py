@@ -1,7 +1,8 @@
 """Verdicts for notebook 12's mixture-of-experts test cells, against the single-process layer.
 
     expect_routing(route_tokens(logits, 2, 1.0), logits, 2, 1.0, "route_tokens(logits, 2, 1.0)")
-    expect_moe(runs, case, "ExpertParallelMoE")
+    expect_aux_gradient(route_tokens, [(logits, 2, 1.0)])   # aux_loss differentiable through P
+    expect_moe(runs, case, "ExpertParallelMoE", route_tokens=route_tokens)
 
 Why a module: a router is right when every token goes to its k most probable experts with the
 right gates, when each expert takes exactly the token-choices its capacity allows in the stated
@@ -17,6 +18,8 @@ import torch
 from dpcourse.checks.core import TOLERANCES, describe
 from dpcourse.checks.tensors import close, expect_collectives, expect_tensor
 from dpcourse.comm.cases import members_of
+from dpcourse.runtime.launcher import launch
+from dpcourse.runtime.timeouts import TIMEOUTS
 from dpcourse.topics.experts.models import ALPHA, aux_loss, capacity, choices, mixture, route, served
 
 F64 = 8
@@ -68,6 +71,71 @@ def expect_routing(got, logits, k, capacity_factor, what, alpha=ALPHA):
     want_aux = aux_loss(probs, want_experts, alpha)
     wrong_aux = _aux_mistakes(probs, want_experts, want_kept, alpha)
     expect_tensor(aux.reshape(()), want_aux, f"{what}: aux_loss (alpha · E · sum_i f_i · P_i)", wrong_aux)
+
+
+def routing_label(logits, k, capacity_factor):
+    return (f"route_tokens(logits of {logits.shape[0]} tokens x {logits.shape[1]} experts, k={k}, "
+            f"capacity_factor={capacity_factor})")
+
+
+def aux_loss_gradients(route_tokens, cases):
+    """Inside a rank: for each case (logits, k, capacity_factor), route_tokens run on logits that require
+    grad, and what its aux_loss gives back: {"requires_grad", "grad" (of aux_loss with respect to the
+    logits, or None)} or {"error"}. The gradient must be taken where the learner's code runs: a value
+    handed back to the test cell is plain, without its autograd graph."""
+    reports = []
+    for logits, k, capacity_factor in cases:
+        x = logits.clone().requires_grad_()
+        try:
+            aux = route_tokens(x, k, capacity_factor)[3]
+            if not (isinstance(aux, torch.Tensor) and aux.requires_grad):
+                reports.append({"requires_grad": False})
+                continue
+            (grad,) = torch.autograd.grad(aux.sum(), x, allow_unused=True)
+            reports.append({"requires_grad": True, "grad": grad})
+        except Exception as exc:  # noqa: BLE001 - reported as the learner's error
+            reports.append({"error": f"{type(exc).__name__}: {exc}"[:300]})
+    return reports
+
+
+def aux_gradient_reference(logits, k, alpha=ALPHA):
+    """The gradient of alpha · E · sum_i f_i · P_i with respect to the logits (f_i, a count, has none)."""
+    x = logits.double().clone().requires_grad_()
+    probs, experts, _ = choices(x, k)
+    (grad,) = torch.autograd.grad(aux_loss(probs, experts.detach(), alpha), x)
+    return grad
+
+
+NOT_DIFFERENTIABLE = ("aux_loss does not require grad when the logits do: it must be differentiable through "
+                      "P_i, the mean over the tokens of softmax(logits)[:, i] -- compute it from the "
+                      "probabilities, without .detach(), .item(), .tolist() or torch.no_grad() (only f_i, a "
+                      "count, carries no gradient)")
+
+
+def expect_aux_gradient(route_tokens, cases):
+    """route_tokens' aux_loss is differentiable through P, with the right gradient: one launch of one rank
+    runs every case (logits, k, capacity_factor) with logits that require grad."""
+    (reports,) = launch(aux_loss_gradients, 1, route_tokens, list(cases),
+                        group_timeout=TIMEOUTS["test_group"])
+    for (logits, k, capacity_factor), report in zip(cases, reports, strict=True):
+        what = routing_label(logits, k, capacity_factor)
+        if report.get("error"):
+            raise AssertionError(f"{what}, on logits that require grad, raised {report['error']}")
+        if not report.get("requires_grad"):
+            raise AssertionError(f"{what}: {NOT_DIFFERENTIABLE}")
+        if report.get("grad") is None:
+            raise AssertionError(f"{what}: aux_loss requires grad but none of it reaches the logits: "
+                                 f"{NOT_DIFFERENTIABLE}")
+        expect_tensor(report["grad"], aux_gradient_reference(logits, k),
+                      f"{what}: the gradient of aux_loss with respect to the logits")
+
+
+def aux_is_differentiable(route_tokens, n_experts, k):
+    """Whether route_tokens' aux_loss carries a gradient to the logits (one rank, one small case)."""
+    logits = torch.linspace(-1.0, 1.0, 6 * n_experts, dtype=torch.float64).reshape(6, n_experts).sin()
+    (reports,) = launch(aux_loss_gradients, 1, route_tokens, [(logits, k, 1.0)],
+                        group_timeout=TIMEOUTS["test_group"])
+    return bool(reports[0].get("requires_grad"))
 
 
 def _first_row(mask):
@@ -126,19 +194,24 @@ def _aux_mistakes(probs, experts, kept, alpha):
 
 def moe_reference(case, world_size):
     """Per world rank: route(moe, x_r) with x_r's gradient, the router's gradient from its own loss,
-    and the experts' gradients summed over its group, for loss_r = sum(y_r · dy_r) + aux_r."""
+    and the experts' gradients summed over its group, for loss_r = sum(y_r · dy_r) + aux_r; and the
+    gradients of x_r and of the router without aux_r's part (what a layer whose aux_loss carries no
+    gradient gets)."""
     moe = mixture(**dict(case["full"], device="cpu"))
     per_rank = []
     for rank in range(world_size):
         x = case["xs"][rank].double().clone().requires_grad_()
         out = route(moe, x)
-        loss = (out["y"] * case["dys"][rank].double()).sum() + out["aux_loss"]
+        outputs = (out["y"] * case["dys"][rank].double()).sum()
         params = list(moe.parameters())
-        grads = torch.autograd.grad(loss, [x, *params], allow_unused=True)
+        grads = torch.autograd.grad(outputs + out["aux_loss"], [x, *params], allow_unused=True,
+                                    retain_graph=True)
+        without_aux = torch.autograd.grad(outputs, [x, moe.router.weight])
         names = [n for n, _ in moe.named_parameters()]
         param_grads = {n: (g if g is not None else torch.zeros_like(p))
                        for n, p, g in zip(names, params, grads[1:], strict=True)}
-        per_rank.append(dict(out=out, x_grad=grads[0], grads=param_grads))
+        per_rank.append(dict(out=out, x_grad=grads[0], grads=param_grads,
+                             without_aux={"x": without_aux[0], "router.weight": without_aux[1]}))
     return moe, per_rank
 
 
@@ -175,10 +248,15 @@ def _wrong_outputs(moe, x):
                 (route(moe, x, gated=False)["y"], "the experts' outputs were not weighed by their gates")]
 
 
-def expect_moe(case_runs, case, what):
+def expect_moe(case_runs, case, what, route_tokens=None):
     """Every rank of an ExpertParallelMoE case: experts held, output, aux_loss, dropped count, gradients
-    (x, router, its experts), and the all-to-alls of each direction."""
+    (x, router, its experts), and the all-to-alls of each direction.
+
+    route_tokens: the learner's, which the layer routes with. A router gradient that lacks exactly
+    aux_loss's part is the layer's mistake only if route_tokens' aux_loss is differentiable (its own
+    cells grade that rule): with a route_tokens whose aux_loss is detached, the layer is right."""
     world_size = len(case_runs)
+    verdict = {}  # whether route_tokens' aux_loss is differentiable, asked once
     moe, reference = moe_reference(case, world_size)
     n_experts = len(moe.experts)
     for run in case_runs:
@@ -202,8 +280,11 @@ def expect_moe(case_runs, case, what):
         if run.no_grad or run.input_grad is None:
             raise AssertionError(f"{where}: no gradient reached x: the all-to-alls must carry gradients back "
                                  f"(an autograd.Function whose backward is the all-to-all the other way)")
-        expect_tensor(run.input_grad, ref["x_grad"], f"{where}'s gradient of x")
-        expect_tensor(run.grads.get("router.weight"), ref["grads"]["router.weight"],
+        wanted = {"x": ref["x_grad"], "router.weight": ref["grads"]["router.weight"]}
+        if _without_aux_part(run, ref, where, route_tokens, verdict, len(moe.experts), moe.k):
+            wanted = ref["without_aux"]  # route_tokens' aux_loss has no gradient: its own cells say so
+        expect_tensor(run.input_grad, wanted["x"], f"{where}'s gradient of x")
+        expect_tensor(run.grads.get("router.weight"), wanted["router.weight"],
                       f"{where}'s gradient of router.weight (from its own tokens' loss)")
         n, index = len(group), group.index(run.rank)
         per = n_experts // n
@@ -235,6 +316,27 @@ def expect_moe(case_runs, case, what):
         expect_collectives(run, run.backward, backward, what, "backward", group,
                            rule="each all-to-all's backward is the all-to-all the other way, with the splits "
                                 "swapped")
+
+
+def _without_aux_part(run, ref, where, route_tokens, verdict, n_experts, k):
+    """True when the gradients of x and of the router lack exactly aux_loss's part and the layer is not
+    to blame: route_tokens' own aux_loss carries no gradient (asked once, in a rank). Raises when the layer
+    is to blame (or when route_tokens is not known); False when the gradients are not of that shape."""
+    if close(run.input_grad, ref["x_grad"]) or not all(
+            close(got, ref["without_aux"][name]) for name, got in
+            (("x", run.input_grad), ("router.weight", run.grads.get("router.weight")))):
+        return False
+    what = (f"{where}'s gradients of x and of router.weight lack aux_loss's part: the aux_loss the layer "
+            f"returns carries no gradient to the router")
+    if route_tokens is None:
+        raise AssertionError(f"{what} (route_tokens' must be differentiable through P, and the layer returns "
+                             "it as it is)")
+    if "aux" not in verdict:
+        verdict["aux"] = aux_is_differentiable(route_tokens, n_experts, k)
+    if verdict["aux"]:
+        raise AssertionError(f"{what}, though your route_tokens' aux_loss is differentiable: return the "
+                             "aux_loss route_tokens gives, as it is (no .detach(), no .item())")
+    return True
 
 
 def _expect_small(run, ops, n_experts, n, what):

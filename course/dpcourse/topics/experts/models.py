@@ -136,6 +136,22 @@ def route(moe, x, alpha=ALPHA, drop=True, gated=True):
             "kept": kept, "dropped": int((~kept).sum()), "load": load, "capacity": cap}
 
 
+def tokens_towards(full, expert, tokens, seed=0):
+    """`tokens` tokens (float64, d_model wide) whose first choice is `expert` in the layer mixture(**full):
+    its router's row for that expert, plus a little noise. Every token then goes to one expert, and the
+    ranks holding the others receive none (notebook 12's trap for expert parallelism's backward)."""
+    moe = mixture(**dict(full, device="cpu"))
+    row = moe.router.weight.detach()[expert]
+    noise = torch.randn((tokens, row.numel()), generator=torch.Generator().manual_seed(seed),
+                        dtype=torch.float64)
+    x = 6.0 * row / row.norm() + 0.05 * noise
+    _, experts, _ = choices(moe.router(x).detach(), 1)
+    if not bool((experts[:, 0] == expert).all()):
+        raise ValueError(f"tokens_towards: the tokens missed expert {expert} (seed {seed}): pick another "
+                         "seed")
+    return x
+
+
 def dense_twin(moe, dtype=torch.float64, seed=0):
     """A dense MLP doing the FLOPs of one token's k experts: d_model -> k·d_hidden -> d_model (the
     baseline of `make bench`: what expert parallelism is compared with)."""

@@ -40,9 +40,8 @@ SCALAR = TOLERANCES["float64 scalar"]  # a loss or a prediction against its form
 # --------------------------------------------------------------------------- grids
 
 
-def _swapped_grid(dp, tp, pp):
-    """What a rank -> coordinate map with dp and tp swapped (dp varying fastest) produces."""
-    mesh = torch.arange(dp * pp * tp).view(tp, pp, dp).permute(2, 1, 0)  # [d, p, t]: dp fastest
+def _grid_of(mesh):
+    """Per rank {"coords", "members"} of a [d, p, t]-indexed array of ranks (every line through a rank)."""
     out = []
     for rank in range(mesh.numel()):
         d, p, t = (int(i) for i in (mesh == rank).nonzero()[0])
@@ -52,8 +51,50 @@ def _swapped_grid(dp, tp, pp):
     return out
 
 
-SWAPPED = ("dp and tp are swapped: in init_device_mesh's layout the last axis, tp, varies fastest -- "
-           "rank = (d·pp + p)·tp + t, so ranks r and r + 1 share a tp group (neighbours inside a node)")
+RANK_RULE = ("in init_device_mesh's layout the last axis, tp, varies fastest, then pp, then dp -- "
+             "rank = (d·pp + p)·tp + t, so ranks r and r + 1 share a tp group (neighbours inside a node)")
+SWAPPED = f"dp and tp are swapped: {RANK_RULE}"
+ORDER_NAMES = {("tp", "pp", "dp"): SWAPPED,
+               ("dp", "tp", "pp"): f"pp and tp are swapped (pp varies fastest): {RANK_RULE}",
+               ("pp", "dp", "tp"): f"dp and pp are swapped (pp varies slowest): {RANK_RULE}"}
+
+
+def known_grids(dp, tp, pp):
+    """[(why, per-rank grid)] of the layouts a grid is known to be built wrong in: the axes laid out in
+    another order (dp and tp swapped, pp and tp, dp and pp, or rotated), and dp groups that also span
+    the pipeline (the ranks sharing this rank's tp coordinate, whatever their stage)."""
+    sizes = {"dp": dp, "pp": pp, "tp": tp}
+    out = []
+    for order in (("tp", "pp", "dp"), ("dp", "tp", "pp"), ("pp", "dp", "tp"), ("pp", "tp", "dp"),
+                  ("tp", "dp", "pp")):
+        mesh = torch.arange(dp * pp * tp).view(*(sizes[a] for a in order)).permute(
+            *(order.index(a) for a in AXES))
+        why = ORDER_NAMES.get(order, f"the axes are laid out as {', '.join(order)} (slowest to fastest): "
+                                     f"{RANK_RULE}")
+        out.append((why, _grid_of(mesh)))
+    spanning = _grid_of(torch.arange(dp * pp * tp).view(dp, pp, tp))
+    for entry in spanning:
+        entry["members"]["dp"] = sorted(r for r in range(dp * pp * tp) if r % tp == entry["coords"]["tp"])
+    out.append(("the dp group spans the pipeline stages too: a dp group holds one rank of each replica for "
+                "one stage and one tp slice -- the ranks with this rank's pp and tp coordinates, "
+                "mesh[:, p, t]", spanning))
+    return out
+
+
+def _known_mistake(reports, expected, known, part, axis=None):
+    """' -- why' of the first known layout that every rank's reported coordinates (part="coords") or
+    members along `axis` (part="members") follow, where they differ from init_device_mesh's."""
+    def of(entry):
+        return entry["coords"] if part == "coords" else entry["members"][axis]
+
+    if part == "members" and any(isinstance(report["members"][axis], str) for report in reports):
+        return ""  # a rank without a group along the axis: its own message says so
+    got = [report["coords"] if part == "coords" else sorted(report["members"][axis]) for report in reports]
+    for why, grid in known:
+        if all(of(g) == mine for g, mine in zip(grid, got, strict=True)) and \
+                any(of(g) != of(e) for g, e in zip(grid, expected, strict=True)):
+            return f" -- {why}"
+    return ""
 
 
 def expect_group_order(reports, what):
@@ -88,7 +129,7 @@ def expect_grid(reports, case, what):
     for rank, report in enumerate(reports):
         if report.get("error"):
             raise AssertionError(f"{what} raised on rank {rank}: {report['error']}")
-    expected, swapped = expected_grid(dp, tp, pp), _swapped_grid(dp, tp, pp)
+    expected, known = expected_grid(dp, tp, pp), known_grids(dp, tp, pp)
     sizes = {"dp": dp, "pp": pp, "tp": tp}
     for rank, report in enumerate(reports):
         if report["sizes"] != sizes:
@@ -107,17 +148,14 @@ def expect_grid(reports, case, what):
                 raise AssertionError(f"{what}: rank {rank}'s grid.groups['{axis}'] is {members}")
         want = expected[rank]
         got_members = {axis: sorted(report["members"][axis]) for axis in AXES}
-        if report["coords"] != want["coords"] or got_members != want["members"]:
-            hint = ""
-            swaps = swapped[rank]["coords"] != want["coords"] or swapped[rank]["members"] != want["members"]
-            if swaps and (report["coords"] == swapped[rank]["coords"]
-                          or got_members == swapped[rank]["members"]):
-                hint = f" -- {SWAPPED}"
-            if report["coords"] != want["coords"]:
-                raise AssertionError(f"{what}: rank {rank}'s coordinates are {report['coords']}, expected "
-                                     f"{want['coords']} (its place in torch.arange({dp * pp * tp})"
-                                     f".view({dp}, {pp}, {tp})){hint}")
+        if report["coords"] != want["coords"]:
+            hint = _known_mistake(reports, expected, known, "coords")
+            raise AssertionError(f"{what}: rank {rank}'s coordinates are {report['coords']}, expected "
+                                 f"{want['coords']} (its place in torch.arange({dp * pp * tp})"
+                                 f".view({dp}, {pp}, {tp})){hint}")
+        if got_members != want["members"]:
             axis = next(a for a in AXES if got_members[a] != want["members"][a])
+            hint = _known_mistake(reports, expected, known, "members", axis)
             raise AssertionError(f"{what}: rank {rank}'s {axis} group has members {report['members'][axis]}, "
                                  f"expected {want['members'][axis]} (init_device_mesh(..., ({dp}, {pp}, "
                                  f"{tp}), "

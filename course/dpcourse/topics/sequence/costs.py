@@ -12,8 +12,9 @@ the collectives' costs of notebooks 04 and 09 and from the papers:
 activations per layer, fp16, b sequences of s tokens, hidden h, a heads (Korthikanti et al. 2022,
   section 4): no parallelism s·b·h·(34 + 5·a·s/h) bytes; tensor parallelism over t GPUs
   s·b·h·(10 + 24/t + 5·a·s/(h·t)); with sequence parallelism s·b·h·(34/t + 5·a·s/(h·t)). The
-  5·a·s/h term is the s x s attention scores, softmax and dropout mask; a fused attention kernel
-  that does not keep them (FlashAttention) removes it (scores=False here). Splitting the sequence
+  5·a·s/h term is the softmax's output (2·a·s²·b bytes), its dropout mask (a·s²·b) and the
+  dropout's output (2·a·s²·b) (section 4.1: the raw scores QKᵀ are not kept); a fused attention
+  kernel that does not keep them (FlashAttention) removes it (scores=False here). Splitting the sequence
   over c more GPUs (ring attention or Ulysses) divides every term by c: each GPU holds s/c tokens
   of everything (Ulysses holds all s tokens of h/c heads inside attention: the same bytes).
   Activation recomputation keeps only each layer's input, 2·s·b·h bytes, divided likewise.
@@ -21,8 +22,9 @@ bytes one GPU sends per layer, forward and backward, S = s·b·h·e (e bytes per
   TP + SP   4 all-gathers and 4 reduce-scatters of S over t: 8·(t - 1)/t·S (the bytes of TP's 4
             all-reduces, 2·(t - 1)/t·S each)
   ring      forward, N - 1 messages of K and V of one block, 2·S/N each (h_kv = h); backward, K
-            and V travel again and dK, dV with them (torch's `_templated_ring_attention_backward`
-            rotates both): 3·(N - 1)·2·S/N in all
+            and V travel again (N - 1) and dK, dV take N hops, exchanged at every step and the last
+            one back to their owner (torch's `_templated_ring_attention_backward`: its dkv_rotater
+            exchanges at each of the N steps): (3·N - 2)·2·S/N in all (5·S at N = 4)
   Ulysses   forward, all-to-alls of q, k, v (3·S/N of input) and of the output (S/N), of which a
             GPU sends (N - 1)/N; backward the same again: 8·(N - 1)/N·S/N in all
   experts   (MoE layer) dispatch and combine of the k·T·h·e bytes of a GPU's T tokens' k choices,
@@ -64,8 +66,10 @@ def traffic(method, seq, batch, hidden, ranks, element_size=BYTES, k=1, tokens=N
         return {"bytes": 0.0, "messages": 0}
     if method == "tp_sp":  # 4 all-gathers and 4 reduce-scatters of S: 8 ring phases
         messages, sent = ring_traffic(S, n, phases=8)
-    elif method == "ring":  # K and V (2·S) around the ring: forward once, backward with dK, dV
-        messages, sent = ring_traffic(2 * S, n, phases=3)
+    elif method == "ring":  # K and V (2·S): N-1 hops forward and N-1 backward; dK, dV N hops backward
+        # (passed on at every step, then home to their owner): (3N - 2) hops of 2S/N
+        messages = 3 * n - 2 if n > 1 else 0
+        sent = messages * 2 * S / n
     elif method == "ulysses":  # q, k, v and the output, forward and backward: 8·S/N through 4 all-to-alls
         messages, sent = all_to_all_traffic(8 * S / n, n, calls=4)
     elif method == "experts":  # dispatch and combine, forward and backward: 4 all-to-alls of k·T tokens
@@ -105,7 +109,7 @@ def layout_cost(model, c, tp=1, cp=1, method="ring"):
             "memory": state + acts, "fits": possible and state + acts <= c["memory"], "possible": possible,
             "compute": compute, "tp_comm": comm_tp, "cp_comm": comm_cp, "time": compute + comm_tp + comm_cp,
             "tp_bytes": L * tp_t["bytes"], "cp_bytes": L * cp_t["bytes"],
-            "overlap": method == "ring" and cp > 1 and comm_cp / (3 * (cp - 1)) <= compute / (3 * cp)}
+            "overlap": method == "ring" and cp > 1 and comm_cp / cp_t["messages"] <= compute / (3 * cp)}
 
 
 def long_context_plan(model, c, max_tp=8):

@@ -36,7 +36,7 @@ import torch
 
 from dpcourse.backend import rank_device
 from dpcourse.comm.cases import Case, members_of, run_cases
-from dpcourse.comm.operators import backward_of, parameters_of, run_operator_cases, tensor_or_none
+from dpcourse.comm.operators import backward_of, parameters_of, run_operator_cases, tensor_or_none, views_of
 from dpcourse.comm.provenance import Copies
 from dpcourse.topics.sequence.measure import LayerNormBytes, PeakMemory, StepRecorder
 from dpcourse.topics.sequence.models import (
@@ -51,7 +51,7 @@ __all__ = ["run_operator_cases", "run_block_cases", "run_attention_cases", "case
            "piece"]
 
 BLOCK_DEFAULTS = {"output": None, "input_grad": None, "params": {}, "grads": {}, "no_grad": False,
-                  "saved": None, "saved_shapes": []}
+                  "saved": None, "saved_shapes": [], "views": {}}
 
 
 # --------------------------------------------------------------------------- the MLP block
@@ -66,11 +66,13 @@ def block_case(cls, part, ctx):
     x, dy = (t.to(rank_device()).clone() for t in part)
     x.requires_grad_()
     ctx.phase("build")
-    module = ctx.call(cls, mlp_block(**ctx.shared), ctx.group)
+    full = mlp_block(**ctx.shared)
+    module = ctx.call(cls, full, ctx.group)
     ctx.phase("forward")
     with LayerNormBytes() as saved:
         output = ctx.call(module, x)
-    report = {"output": tensor_or_none(output), "saved": saved.nbytes, "saved_shapes": saved.shapes}
+    report = {"output": tensor_or_none(output), "saved": saved.nbytes, "saved_shapes": saved.shapes,
+              "views": views_of(module, full)}
     backward_of(report, output, dy, ctx)
     report["input_grad"] = tensor_or_none(x.grad)
     return {**report, **parameters_of(module)}
@@ -129,7 +131,8 @@ def attention_case(fn, part, ctx):
     with recorder, peak:
         output = ctx.call(fn, q, k, v, ctx.shared["positions"], ctx.shared["causal"])
     return {"output": output.detach().clone() if isinstance(output, torch.Tensor) else output,
-            "flops_at": list(recorder.flops_at), "flops": recorder.total_flops, "peak": peak.peak_bytes}
+            "flops_at": list(recorder.flops_at), "flops": recorder.total_flops, "peak": peak.peak_bytes,
+            "most_alive": sorted(peak.most_alive.items())}
 
 
 def attention_case_of(case, world_size, ring):
@@ -194,8 +197,10 @@ def run_attention_cases(fn, world_size, cases, *, exercise, p2p_only=False, grou
     runnable = [attention_case_of(case, world_size, ring=p2p_only) for case in cases]
     runs = run_cases(attention_case, fn, world_size, runnable, exercise=exercise, p2p_only=p2p_only,
                      group_timeout=group_timeout, deadline=deadline, advice=RING_ADVICE if p2p_only else None,
-                     defaults={"output": None, "flops_at": [], "flops": 0, "peak": 0})
+                     defaults={"output": None, "flops_at": [], "flops": 0, "peak": 0, "most_alive": []})
     for case, case_runs in zip(runnable, runs.unchecked, strict=True):
         for run in case_runs:
             run.values["positions"] = case.shared["positions"][run.rank]
+            # storage size -> the most storages of that size alive at once (PeakMemory)
+            run.values["most_alive"] = {int(size): int(count) for size, count in run.values["most_alive"]}
     return runs

@@ -25,6 +25,7 @@ from dpcourse.checks.core import TOLERANCES, describe, missing_numbers, number, 
 from dpcourse.checks.tensors import (
     close,
     expect_collectives,
+    expect_copies,
     expect_operator,
     expect_parameters_held,
     expect_tensor,
@@ -133,17 +134,6 @@ def reference_of(case):
     y = full(x)
     y.backward(case["dy"].double())
     return full, y.detach(), x.grad, {n: p.grad for n, p in full.named_parameters()}
-
-
-def expect_copies(run, what):
-    """No parameter shares memory with the unsharded module's (a view keeps the whole weight on every
-    rank, and an update of the slice writes into the unsharded module)."""
-    for name, (kept, own) in sorted(run.views.items()):
-        keeps = f"it keeps all {kept} values of the full tensor alive for its {own}, and " if kept > own \
-            else ""
-        raise AssertionError(f"{what}: rank {run.rank}'s {name} is a view of the unsharded module's "
-                             f"parameter, not a copy: {keeps}every update of it writes into the unsharded "
-                             f"module -- keep a copy, e.g. nn.Parameter(linear.weight.detach()[a:b].clone())")
 
 
 def expect_module(case_runs, case, layout, what, forward=None, backward=None, rule="", wrong=None):

@@ -32,7 +32,7 @@ import torch
 
 from dpcourse.backend import rank_device
 from dpcourse.comm.cases import Case, members_of, run_cases
-from dpcourse.comm.operators import backward_of, parameters_of, run_operator_cases, tensor_or_none
+from dpcourse.comm.operators import backward_of, parameters_of, run_operator_cases, tensor_or_none, views_of
 from dpcourse.reference.shards import row_shard
 from dpcourse.runtime.timeouts import TIMEOUTS
 from dpcourse.topics.tensor import models
@@ -43,15 +43,6 @@ BUILDERS = {"linear": models.linear, "mlp": models.mlp, "attention": models.self
 DEFAULTS = {"output": None, "input_grad": None, "input_after": None, "params": {}, "grads": {},
             "no_grad": False, "losses": [], "steps": [], "grad_after": None, "views": {}, "params_before": {},
             "refused": None}
-
-
-def _views(module, full):
-    """{parameter name: (elements of the memory it keeps, its own elements)} for the module's parameters
-    that share memory with the unsharded module's (a view, not a copy: it keeps the whole weight alive
-    and an update of it writes into the unsharded module)."""
-    theirs = {p.untyped_storage().data_ptr() for p in full.parameters()}
-    return {name: (p.untyped_storage().nbytes() // p.element_size(), p.numel())
-            for name, p in module.named_parameters() if p.untyped_storage().data_ptr() in theirs}
 
 
 def _refusal(cls, full, group, options):
@@ -74,7 +65,7 @@ def module_case(cls, part, ctx):
     x.requires_grad_()
     ctx.phase("build")
     module = ctx.call(cls, full, ctx.group, **options)
-    views = _views(module, full)
+    views = views_of(module, full)
     ctx.phase("forward")
     output = ctx.call(module, x)
     report = {"output": tensor_or_none(output), "views": views}
@@ -115,7 +106,7 @@ def training_case(cls, batches, ctx):
     full = BUILDERS[name](**kwargs)
     ctx.phase("build")
     module = ctx.call(cls, full, ctx.group, **ctx.shared.get("options", {}))
-    views = _views(module, full)
+    views = views_of(module, full)
     before = {n: p.detach().clone() for n, p in module.named_parameters()}
     losses, first_output = [], None
     for step, (x, target) in enumerate(batches):
