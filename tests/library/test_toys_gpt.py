@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dpcourse.reference.lm import Recipe, global_batch, lr_factor, make_optimizer, single_process_lm
+from dpcourse.reference.lm import Recipe, batches_of, global_batch, lr_factor, make_optimizer, single_process_lm
 from dpcourse.toys.gpt import GPTConfig, ShardedDropout, gpt, lm_loss, parameter_count, stage_of
 from dpcourse.toys.text import ALPHABET, VOCAB, arithmetic_text, decode, encode, samples, windows
 from markers import chapter
@@ -122,9 +122,10 @@ def test_the_learning_rate_warms_up_then_decays_to_a_tenth():
 
 def test_the_single_process_run_is_repeatable_and_float32_stays_near_float64():
     data, recipe = samples(16, TINY.seq), Recipe(batch=4, warmup=1, total=4)
-    a = single_process_lm(TINY, 0, data, recipe, 3)
-    b = single_process_lm(TINY, 0, data, recipe, 3)
-    c = single_process_lm(TINY, 0, data, recipe, 3, dtype=torch.float32)
+    batches = batches_of(data, recipe, 3)
+    a = single_process_lm(TINY, 0, batches, recipe)
+    b = single_process_lm(TINY, 0, batches, recipe)
+    c = single_process_lm(TINY, 0, batches, recipe, dtype=torch.float32)
     assert a["losses"] == b["losses"] and a["norms"] == b["norms"]
     assert max(abs(x - y) for x, y in zip(a["losses"], c["losses"], strict=True)) < 1e-5
     assert a["losses"][0] == pytest.approx(math.log(16), rel=0.05)  # untrained: about uniform

@@ -3,11 +3,13 @@
 Used by notebook 13's test cells, hidden checks, pictures and benchmark.
 
     recipe = Recipe(batch=8, lr=0.3, max_norm=1.0, warmup=2, total=20)
-    run = single_process_lm(config, seed=0, data=samples, recipe=recipe, steps=4)
+    batches = batches_of(samples, recipe, steps=4)          # the global batch of each step
+    run = single_process_lm(config, seed=0, batches=batches, recipe=recipe)
     run["losses"], run["norms"], run["lrs"], run["params"]      # per step, and the parameters at the end
 
 Every parallel layout of the same model is, step for step, this computation: step k's global batch is
-`global_batch(len(data), recipe.batch, k, recipe.data_seed)` (an epoch is a permutation of the samples),
+`global_batch(len(data), recipe.batch, k, recipe.data_seed)` (an epoch is a permutation of the samples:
+what torch's DistributedSampler(shuffle=True, seed) draws, torch/utils/data/distributed.py),
 the loss is the mean cross-entropy over every position of it, the gradient norm is the norm of the whole
 model's gradient (before clipping), the update is SGD with momentum on the clipped gradient, and the
 learning rate follows a linear warm-up then a cosine decay (`Recipe.lr_at`). The recipe's optimizer and
@@ -66,14 +68,18 @@ def global_batch(n_samples, batch, step, seed):
     return order[k * batch:(k + 1) * batch]
 
 
-def single_process_lm(config, seed, data, recipe, steps, dtype=torch.float64):
-    """Train gpt(config, seed) in one process for `steps` steps; per step the loss, the gradient norm
-    before clipping and the learning rate used; at the end the parameters (float64 copies)."""
+def batches_of(data, recipe, steps, first=0):
+    """The global batches (sample rows) of steps first, first + 1, ... of `data` under the recipe."""
+    return [data[global_batch(len(data), recipe.batch, k, recipe.data_seed)] for k in range(first, first + steps)]
+
+
+def single_process_lm(config, seed, batches, recipe, dtype=torch.float64):
+    """Train gpt(config, seed) in one process, one step per global batch; per step the loss, the gradient
+    norm before clipping and the learning rate used; at the end the parameters (float64 copies)."""
     model = gpt(config, seed=seed, dtype=dtype)
     optimizer, schedule = make_optimizer(model.parameters(), recipe)
     losses, norms, lrs = [], [], []
-    for step in range(steps):
-        rows = data[global_batch(len(data), recipe.batch, step, recipe.data_seed)]
+    for rows in batches:
         loss = lm_loss(model(rows[:, :-1]), rows[:, 1:])
         loss.backward()
         norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.max_norm)))
