@@ -7,7 +7,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dpcourse.reference.lm import Recipe, batches_of, global_batch, lr_factor, make_optimizer, single_process_lm
+from dpcourse.reference.lm import (
+    Recipe,
+    batches_of,
+    global_batch,
+    lr_factor,
+    make_optimizer,
+    single_process_lm,
+)
 from dpcourse.toys.gpt import GPTConfig, ShardedDropout, gpt, lm_loss, parameter_count, stage_of
 from dpcourse.toys.text import ALPHABET, VOCAB, arithmetic_text, decode, encode, samples, windows
 from markers import chapter

@@ -70,7 +70,8 @@ def global_batch(n_samples, batch, step, seed):
 
 def batches_of(data, recipe, steps, first=0):
     """The global batches (sample rows) of steps first, first + 1, ... of `data` under the recipe."""
-    return [data[global_batch(len(data), recipe.batch, k, recipe.data_seed)] for k in range(first, first + steps)]
+    return [data[global_batch(len(data), recipe.batch, k, recipe.data_seed)]
+            for k in range(first, first + steps)]
 
 
 def single_process_lm(config, seed, batches, recipe, dtype=torch.float64):

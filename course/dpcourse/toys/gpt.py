@@ -191,6 +191,11 @@ def stage_of(model, first, last):
     return stage
 
 
+def activations(shape, seed, dtype=torch.float64):
+    """A seeded standard-normal tensor: a block's input, or its output's gradient, in notebook 13's tests."""
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
 def lm_loss(logits, targets):
     """Next-character cross-entropy, the mean over every position of every sequence."""
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))

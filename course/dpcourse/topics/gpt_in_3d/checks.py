@@ -45,11 +45,19 @@ def expect_mesh(reports, layout, what):
         if "raised" in got:
             kind, message = got["raised"]
             raise AssertionError(f"{what}: rank {rank} raised {kind}: {message}")
+        if got.get("outside"):
+            raise AssertionError(f"{what}: rank {rank} is not in its own mesh of shape {got['shape']}")
+        for axis in AXES:  # the groups first: a swapped order shows as groups of the wrong ranks
+            if axis in got["members"] and list(got["members"][axis]) != expected["members"][axis]:
+                members = list(got["members"][axis])
+                raise AssertionError(f"{what}: rank {rank}'s {axis} group is {members}, expected "
+                                     f"{expected['members'][axis]}{_swap_hint(axis, members, layout)}")
         if got["names"] != list(AXES):
             raise AssertionError(f"{what}: rank {rank}'s mesh has dims named {got['names']}, expected "
                                  f"{list(AXES)} (mesh_dim_names, in the order of the shape)")
         if got["shape"] != list(layout):
-            raise AssertionError(f"{what}: rank {rank}'s mesh has shape {got['shape']}, expected {list(layout)} "
+            raise AssertionError(f"{what}: rank {rank}'s mesh has shape {got['shape']}, expected "
+                                 f"{list(layout)} "
                                  f"(dp, pp, tp)")
         for axis in AXES:
             members = list(got["members"][axis])
@@ -63,10 +71,11 @@ def expect_mesh(reports, layout, what):
 
 def _swap_hint(axis, members, layout):
     """Why a group is wrong, when it has a known signature: a tp group that is not neighbouring ranks."""
-    if axis == "tp" and len(members) > 1 and members[1] - members[0] != 1:
-        return (f" -- a tensor-parallel group must be neighbouring ranks (ranks r, r + 1, ...: the same node, "
+    if axis == "tp" and len(members) > 1 and abs(members[1] - members[0]) != 1:
+        return (f" -- a tensor-parallel group must be neighbouring ranks (ranks r, r + 1, ...: the same "
+                f"node, "
                 f"the fastest links), so tp is the last dim of the shape, the one that varies fastest; "
-                f"this group's ranks are {members[1] - members[0]} apart")
+                f"this group's ranks are {abs(members[1] - members[0])} apart")
     if axis == "dp" and layout[1] * layout[2] > 1 and len(members) > 1 and members[1] - members[0] == 1:
         return " -- dp and tp are swapped: dp is the first dim of the shape (it varies slowest)"
     return ""
@@ -77,15 +86,19 @@ def expect_sizes_refused(reports, layout, what):
     world = len(reports)
     for rank, got in enumerate(reports):
         if "raised" not in got:
-            raise AssertionError(f"{what}: rank {rank} returned a mesh for {layout} on {world} ranks: raise a "
-                                 f"ValueError when dp x pp x tp = {layout[0] * layout[1] * layout[2]} is not the "
+            raise AssertionError(f"{what}: rank {rank} returned a mesh for {layout} on {world} ranks: raise "
+                                 f"a "
+                                 f"ValueError when dp x pp x tp = {layout[0] * layout[1] * layout[2]} is not "
+                                 f"the "
                                  f"world size {world}")
         kind, message = got["raised"]
         if kind != "ValueError":
-            raise AssertionError(f"{what}: rank {rank} raised {kind} ({message[:200]}), expected a ValueError")
+            raise AssertionError(f"{what}: rank {rank} raised {kind} ({message[:200]}), expected a "
+                                 f"ValueError")
         missing = [str(n) for n in (layout[0] * layout[1] * layout[2], world) if str(n) not in message]
         if missing:
-            raise AssertionError(f"{what}: rank {rank}'s ValueError says {message[:200]!r}: say which sizes do "
+            raise AssertionError(f"{what}: rank {rank}'s ValueError says {message[:200]!r}: say which sizes "
+                                 f"do "
                                  f"not match (it lacks {', '.join(missing)})")
 
 
@@ -123,23 +136,30 @@ def expect_block(reports, case, what):
         piece = y.tensor_split(tp, dim=1)[t]
         if got["output"].shape != piece.shape:
             raise AssertionError(f"{where}: the block returned shape {tuple(got['output'].shape)}, expected "
-                                 f"{tuple(piece.shape)}, this rank's piece of the sequence (dim 1): the block's "
-                                 f"output must stay sequence-parallel (RowwiseParallel(output_layouts=Shard(1)))")
-        _expect_values(got["output"], piece, f"{where}: the block's output (positions {_positions(y, tp, t)})",
+                                 f"{tuple(piece.shape)}, this rank's piece of the sequence (dim 1): the "
+                                 f"block's "
+                                 f"output must stay sequence-parallel "
+                                 f"(RowwiseParallel(output_layouts=Shard(1)))")
+        positions = _positions(y, tp, t)
+        _expect_values(got["output"], piece, f"{where}: the block's output (positions {positions})",
                        dropout=case["config"].get("dropout", 0.0))
         for name, style in [(n, "column") for n in COLUMN] + [(n, "row") for n in ROW]:
             placements = got["params"][name]["placements"]
-            want = ["S(0)"] if style == "column" else ["S(1)"]
+            if style == "column":
+                want, splits, api = ["S(0)"], "output features (the rows of its weight)", "ColwiseParallel"
+            else:
+                want, splits, api = ["S(1)"], "input features (the columns of its weight)", "RowwiseParallel"
             if placements != want:
                 raise AssertionError(f"{where}: {name} is {_placement(placements)}, expected {want[0]}: a "
-                                     f"{style}-parallel Linear splits its {'output features (the rows of its weight)' if style == 'column' else 'input features (the columns of its weight)'} "
-                                     f"over tp ({'ColwiseParallel' if style == 'column' else 'RowwiseParallel'})")
-        expect_close(got["input_grad"], x_grad.tensor_split(tp, dim=1)[t], f"{where}: the gradient of its piece "
+                                     f"{style}-parallel Linear splits its {splits} over tp ({api})")
+        expect_close(got["input_grad"], x_grad.tensor_split(tp, dim=1)[t], f"{where}: the gradient of its "
+                     f"piece "
                      f"of the block's input")
         for name, want in grads.items():
             hint = ""
             if name.startswith("norm") and not got["params"][name]["placements"]:
-                hint = (" -- this LayerNorm is a plain module: each rank computed it on its own tokens only, so "
+                hint = (" -- this LayerNorm is a plain module: each rank computed it on its own tokens only, "
+                        "so "
                         "its gradient is this rank's share, never summed over the tp group; SequenceParallel "
                         "makes it a replicated DTensor whose gradients torch sums over tp")
             expect_close(got["grads"][name], want, f"{where}: the gradient of {name}", hint=hint)
@@ -149,7 +169,8 @@ def expect_block(reports, case, what):
         reduces = [o for o in forward if o.op == "all_reduce"]
         if tp > 1 and (len(gathers) != 2 or len(scatters) != 2 or reduces):
             raise AssertionError(f"{where}: the forward made {_calls(forward)}, expected 2 all-gathers (the "
-                                 f"sequence gathered before attention and before the MLP) and 2 reduce-scatters "
+                                 f"sequence gathered before attention and before the MLP) and 2 "
+                                 f"reduce-scatters "
                                  f"(after proj and fc2), no all-reduce: Megatron's sequence parallelism")
 
 
@@ -167,8 +188,10 @@ def _placement(placements):
 def _expect_values(got, want, what, dropout=0.0):
     hint = ""
     if dropout and not is_close(got, want):
-        hint = ("with dropout on, a rank's mask must be its piece of the mask of the whole tensor: the dropout "
-                "has to run in the sequence-parallel region (SequenceParallel on it), where it sees a DTensor of "
+        hint = ("with dropout on, a rank's mask must be its piece of the mask of the whole tensor: the "
+                "dropout "
+                "has to run in the sequence-parallel region (SequenceParallel on it), where it sees a "
+                "DTensor of "
                 "the whole sequence; given a plain tensor, each rank draws a mask for its own piece as if it "
                 "were all of it, and the tp ranks' masks are no longer pieces of one")
     expect_close(got, want, what, hint=hint)
@@ -195,7 +218,7 @@ def best_cuts(costs, n_stages):
 
 def pipeline_reference(case):
     """Per dp rank: (the micro-batches' losses, {name: gradient}) of the whole float64 model on its rows."""
-    config, (dp, pp) = GPTConfig(**case["config"]), case["layout"]
+    config, dp = GPTConfig(**case["config"]), case["layout"][0]
     out = []
     for d in range(dp):
         rows = rows_of(case["rows"], dp, d)
@@ -233,22 +256,30 @@ def expect_pipeline(reports, case, what):
                                  f"rank's coordinate along pp (pp_mesh.get_local_rank()), not its world rank")
         group = expected_mesh(layout)[rank]["members"]["pp"]
         if got.get("group") != group:
-            raise AssertionError(f"{where}: its PipelineStage talks on the group {got.get('group')}, expected its "
+            raise AssertionError(f"{where}: its PipelineStage talks on the group {got.get('group')}, "
+                                 f"expected its "
                                  f"pp group {group} (group=pp_mesh.get_group())")
-        if got["has_embeddings"] != (c["pp"] == 0) or got["has_head"] != (c["pp"] == pp - 1):
-            raise AssertionError(f"{where}: holds the embeddings: {got['has_embeddings']}, the head: "
-                                 f"{got['has_head']}; only the first stage embeds, only the last has the head")
         held.setdefault(c["pp"], got["blocks"])
     blocks = [held[s] for s in range(pp)]
     flat = [b for stage in blocks for b in stage]
     if flat != [str(i) for i in range(len(costs))] or any(not stage for stage in blocks):
-        raise AssertionError(f"{what}: the stages hold blocks {blocks}: expected every block once, in order, at "
+        raise AssertionError(f"{what}: the stages hold blocks {blocks}: expected every block once, in order, "
+                             f"at "
                              f"least one per stage")
+    for rank, got in enumerate(reports):
+        c = coordinates(layout, rank)
+        if got["has_embeddings"] != (c["pp"] == 0) or got["has_head"] != (c["pp"] == pp - 1):
+            raise AssertionError(f"{what}: rank {rank} (stage {c['pp']} of {pp}) holds the embeddings: "
+                                 f"{got['has_embeddings']}, the head: {got['has_head']}; only the first "
+                                 f"stage "
+                                 f"embeds, only the last has the head")
     slowest = max(sum(costs[int(b)] for b in stage) for stage in blocks)
     best = best_cuts(costs, pp)
     if slowest > best + 1e-12:
-        raise AssertionError(f"{what}: the stages hold blocks {blocks} of costs {costs}: the slowest stage costs "
-                             f"{slowest:g}, a better cut's slowest costs {best:g} (partition_layers of notebook 07)")
+        raise AssertionError(f"{what}: the stages hold blocks {blocks} of costs {costs}: the slowest stage "
+                             f"costs "
+                             f"{slowest:g}, a better cut's slowest costs {best:g} (partition_layers of "
+                             f"notebook 07)")
     for rank, got in enumerate(reports):
         c = coordinates(layout, rank)
         losses, grads = reference[c["dp"]]
@@ -277,15 +308,27 @@ def expect_sharded(reports, case, what):
         for name, facts in got["params"].items():
             if facts["placements"] != ["S(0)"] or facts["mesh"] != list(range(dp)):
                 raise AssertionError(f"{where}: {name} is {_placement(facts['placements'])} on ranks "
-                                     f"{facts['mesh']}, expected Shard(0) over the dp mesh {list(range(dp))}: "
+                                     f"{facts['mesh']}, expected Shard(0) over the dp mesh "
+                                     f"{list(range(dp))}: "
                                      f"fully_shard every block, then the root (which shards the rest)")
         forward, backward = phase_ops(got, "forward"), phase_ops(got, "backward")
         gathers = [o for o in forward if o.op == "all_gather_into_tensor"]
         scatters = [o for o in backward if o.op == "reduce_scatter_tensor"]
         if dp > 1 and len(gathers) != groups:
-            raise AssertionError(f"{where}: the forward made {len(gathers)} all-gather(s) of parameters, expected "
-                                 f"{groups}: one per block and one for the root (each fully_shard call is one "
+            raise AssertionError(f"{where}: the forward made {len(gathers)} all-gather(s) of parameters, "
+                                 f"expected "
+                                 f"{groups}: one per block and one for the root (each fully_shard call is "
+                                 f"one "
                                  f"group, gathered just before it runs and freed after)")
+        regathered = [o for o in backward if o.op == "all_gather_into_tensor"]
+        if dp > 1 and len(regathered) != config.n_layers:
+            raise AssertionError(f"{where}: the backward made {len(regathered)} all-gather(s) of parameters, "
+                                 f"expected {config.n_layers}, one per block: each block is freed after its "
+                                 f"forward (reshard_after_forward, True for every group but the root) and "
+                                 f"gathered "
+                                 f"again for its backward -- a block kept whole holds all of its parameters "
+                                 f"on every "
+                                 f"rank between forward and backward")
         if dp > 1 and len(scatters) != groups:
             raise AssertionError(f"{where}: the backward made {len(scatters)} reduce-scatter(s), expected "
                                  f"{groups}, one per FSDP group")
@@ -307,12 +350,16 @@ def expect_memory_sharded(reports, case, what, model_bytes):
         sharded, after = marks["sharded"] - start, marks["after forward"] - start
         allowance = model_bytes / dp + 0.35 * model_bytes / dp + (1 << 20)
         if sharded > allowance:
-            raise AssertionError(f"{what}: rank {rank} holds {sharded / 2**20:.1f} MiB after apply_fsdp, expected "
+            raise AssertionError(f"{what}: rank {rank} holds {sharded / 2**20:.1f} MiB after apply_fsdp, "
+                                 f"expected "
                                  f"about {model_bytes / dp / 2**20:.1f} MiB (1/{dp} of the model's "
-                                 f"{model_bytes / 2**20:.1f} MiB): a full copy of the parameters is still alive")
+                                 f"{model_bytes / 2**20:.1f} MiB): a full copy of the parameters is still "
+                                 f"alive")
         if after > allowance + 0.5 * model_bytes:
-            raise AssertionError(f"{what}: rank {rank} holds {after / 2**20:.1f} MiB after the forward, more than "
-                                 f"half the model beyond its shard: the blocks stayed gathered (one FSDP group for "
+            raise AssertionError(f"{what}: rank {rank} holds {after / 2**20:.1f} MiB after the forward, more "
+                                 f"than "
+                                 f"half the model beyond its shard: the blocks stayed gathered (one FSDP "
+                                 f"group for "
                                  f"the whole model, or reshard_after_forward=False)")
 
 
@@ -325,26 +372,31 @@ def expect_samples(got_by_rank, n_samples, batch, step, seed, what):
     for d, got in enumerate(got_by_rank):
         got = [int(i) for i in (got.tolist() if isinstance(got, torch.Tensor) else got)]
         if len(got) != batch // dp:
-            raise AssertionError(f"{what}: dp rank {d} of {dp} takes {len(got)} samples at step {step}, expected "
+            raise AssertionError(f"{what}: dp rank {d} of {dp} takes {len(got)} samples at step {step}, "
+                                 f"expected "
                                  f"{batch // dp} (the global batch of {batch} over {dp} ranks)")
         for i in got:
             if i in seen:
-                raise AssertionError(f"{what}: sample {i} is on dp ranks {seen[i]} and {d} at step {step}: no two dp "
-                                     f"ranks may see the same sample (each takes its own share: rank=dp_rank, "
+                raise AssertionError(f"{what}: sample {i} is on dp ranks {seen[i]} and {d} at step {step}: "
+                                     f"no two dp "
+                                     f"ranks may see the same sample (each takes its own share: "
+                                     f"rank=dp_rank, "
                                      f"num_replicas=dp_size)")
             seen[i] = d
     if set(seen) != want:
         epoch = step // (n_samples // batch)
         raise AssertionError(f"{what}: at step {step} (epoch {epoch}) the dp ranks take samples "
-                             f"{sorted(seen)[:8]}..., expected the step's global batch {sorted(want)[:8]}...: the "
-                             f"epoch's permutation (DistributedSampler(shuffle=True, seed=seed), set_epoch(epoch)), "
+                             f"{sorted(seen)[:8]}..., expected the step's global batch "
+                             f"{sorted(want)[:8]}...: the "
+                             f"epoch's permutation (DistributedSampler(shuffle=True, seed=seed), "
+                             f"set_epoch(epoch)), "
                              f"cut into consecutive steps")
 
 
 # --------------------------------------------------------------------------- 5. the 3-D steps
 
 def train_reference(case):
-    """One process on the case's global batches, in float64: per step loss, norm and lr; parameters at the end."""
+    """One process on the case's global batches in float64: each step's loss, norm and lr; the parameters."""
     recipe = case["recipe"] if isinstance(case["recipe"], Recipe) else Recipe(**case["recipe"])
     return single_process_lm(GPTConfig(**case["config"]), case["seed"], case["steps"], recipe)
 
@@ -359,7 +411,8 @@ def expect_steps(got_steps, reference, first, where, dtype=torch.float64):
             want = reference[{"loss": "losses", "norm": "norms", "lr": "lrs"}[key]][step]
             if abs(got[key] - want) > atol + rtol * abs(want):
                 ratio = f" ({got[key] / want:.3g}x)" if want else ""
-                raise AssertionError(f"{where}: step {step}'s {name} is {got[key]:.10g}, expected {want:.10g}{ratio}"
+                raise AssertionError(f"{where}: step {step}'s {name} is {got[key]:.10g}, expected "
+                                     f"{want:.10g}{ratio}"
                                      f"{hint(got, want, step)}")
 
 
@@ -369,7 +422,8 @@ def _LOSS_HINT(got, want, step):
 
 
 def _NORM_HINT(got, want, step):
-    return (" -- clip by the norm of the whole model's gradient: every rank's pieces over tp and dp (a DTensor "
+    return (" -- clip by the norm of the whole model's gradient: every rank's pieces over tp and dp (a "
+            "DTensor "
             "norm's full_tensor()) and every stage's (summed squares over pp), the same number on every rank")
 
 
@@ -386,15 +440,20 @@ def expect_training(reports, case, what):
         for layout_report in got["layouts"]:
             layout = tuple(layout_report["layout"])
             c = coordinates(layout, rank)
-            where = f"{what}, layout {layout} (dp, pp, tp): rank {rank} (dp {c['dp']}, pp {c['pp']}, tp {c['tp']})"
+            where = (f"{what}, layout {layout} (dp, pp, tp): rank {rank} (dp {c['dp']}, pp {c['pp']}, "
+                     f"tp {c['tp']})")
             expect_steps(layout_report["steps"], reference, 0, where, dtype)
             expect_parameters(layout_report["params"], reference["params"], where, dtype)
 
 
 def expect_parameters(got, want, where, dtype=torch.float64):
+    """A rank's pieces of its stage's parameters ({name: [offset, values]}) against the same pieces of one
+    process's parameters."""
     atol, rtol = LOSS_TOLERANCE[dtype]
-    for name, value in got.items():
-        expect_close(value, want[name], f"{where}: {name} after the steps", atol=atol, rtol=rtol)
+    for name, (offset, value) in got.items():
+        piece = want[name][tuple(slice(o, o + n) for o, n in zip(offset, value.shape, strict=True))]
+        where_in = f" (its piece at {offset})" if any(offset) else ""
+        expect_close(value, piece, f"{where}: {name}{where_in} after the steps", atol=atol, rtol=rtol)
 
 
 # --------------------------------------------------------------------------- 6. checkpoints
@@ -408,22 +467,24 @@ def expect_resumed(reports, case, what):
     split = case["split"]
     for rank, got in enumerate(reports):
         c1, c2 = coordinates(first, rank), coordinates(second, rank)
-        expect_steps(got["before"], reference, 0, f"{what}: rank {rank}, layout {first} before the checkpoint "
+        expect_steps(got["before"], reference, 0, f"{what}: rank {rank}, layout {first} before the "
+                     f"checkpoint "
                      f"(dp {c1['dp']}, pp {c1['pp']}, tp {c1['tp']})", dtype)
         where = (f"{what}: rank {rank}, layout {second} after loading the checkpoint of {first} "
                  f"(dp {c2['dp']}, pp {c2['pp']}, tp {c2['tp']})")
         try:
             expect_steps(got["after"], reference, split, where, dtype)
+            expect_parameters(got["params"], reference["params"], where, dtype)
         except AssertionError as error:
             raise AssertionError(f"{error}{_resume_hint(got['after'], reference, split)}") from None
-        expect_parameters(got["params"], reference["params"], where, dtype)
 
 
 def _resume_hint(after, reference, split):
     lr = after[0]["lr"]
     if abs(lr - reference["lrs"][0]) < 1e-12 and abs(lr - reference["lrs"][split]) > 1e-12:
         return " (the learning rate started over: save and load the schedule's state too)"
-    return (" (what the next step depends on: the parameters, the optimizer's momentum buffers, the schedule's "
+    return (" (what the next step depends on: the parameters, the optimizer's momentum buffers, the "
+            "schedule's "
             "step; save them all, load them all back: get_state_dict / set_state_dict)")
 
 
