@@ -26,7 +26,8 @@ from dpcourse import launch  # noqa: E402
 from dpcourse.reference.lm import Recipe, batches_of  # noqa: E402
 from dpcourse.runtime.timing import interleaved_step_times  # noqa: E402
 from dpcourse.topics.gpt_in_3d.costs import calibrate, predict  # noqa: E402
-from dpcourse.topics.gpt_in_3d.runs import build_3d, quiet_torch, stage_inputs  # noqa: E402
+from dpcourse.topics.gpt_in_3d.runs import build_3d, stage_inputs  # noqa: E402
+from dpcourse.topics.tensor.realapi import quiet_dtensor  # noqa: E402
 from dpcourse.toys.gpt import GPTConfig  # noqa: E402
 from dpcourse.toys.text import samples  # noqa: E402
 from dpgrader.gpt_in_3d.tuned import PIECES  # noqa: E402
@@ -44,7 +45,7 @@ def time_layouts(rows):
     """Inside a rank: {layout: [seconds per step]}, every layout built here and stepped in turn."""
     torch.set_num_threads(1)
     recipe = Recipe(batch=BATCH, total=1000)
-    with quiet_torch():
+    with quiet_dtensor():
         runs = {layout: build_3d(PIECES, CONFIG, layout, 0, recipe, n_micro(layout), torch.float32)
                 for layout in LAYOUTS}
         batches = {layout: stage_inputs(rows, layout, dist.get_rank()) for layout in LAYOUTS}

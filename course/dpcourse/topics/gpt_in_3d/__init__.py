@@ -32,5 +32,5 @@ propagation runs a FakeTensor of every new operator schema, _sharding_prop.propa
 step 0.3-1 s; a CommRecorder (a dispatch mode) over a whole case adds ~30%, so runs.Phases records only the
 phases it reports while not graded, and only counts the routed group's own reports while graded. Known prints
 (FSDP2's "returned a view tensor" UserWarning, the redistribute log line of a 2-D gradient norm) are silenced
-in the ranks (runs.quiet_torch).
+in the ranks (topics.tensor.realapi.quiet_dtensor, which runs uses).
 """

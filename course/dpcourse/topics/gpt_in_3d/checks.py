@@ -78,6 +78,9 @@ def _swap_hint(axis, members, layout):
                 f"this group's ranks are {abs(members[1] - members[0])} apart")
     if axis == "dp" and layout[1] * layout[2] > 1 and len(members) > 1 and members[1] - members[0] == 1:
         return " -- dp and tp are swapped: dp is the first dim of the shape (it varies slowest)"
+    if axis == "pp" and layout[2] > 1 and len(members) > 1 and members[1] - members[0] == 1:
+        return (" -- pp and tp are swapped: tp is the last dim of the shape, the one that varies fastest "
+                "(neighbouring ranks), pp the one before it")
     return ""
 
 

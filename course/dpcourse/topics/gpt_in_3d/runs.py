@@ -33,9 +33,7 @@ Case kinds (the fields each one reads):
 
 import contextlib
 import datetime
-import logging
 import time
-import warnings
 from types import SimpleNamespace
 
 import torch
@@ -49,6 +47,7 @@ from dpcourse.reference.lm import make_optimizer
 from dpcourse.runtime.inside_rank import memory_mark, to_cpu
 from dpcourse.runtime.launcher import launch, launch_options, observed_memory, observed_traffic, per_rank
 from dpcourse.runtime.timeouts import TIMEOUTS
+from dpcourse.topics.tensor.realapi import quiet_dtensor
 from dpcourse.toys.gpt import GPTConfig, gpt, lm_loss
 
 AXES = ("dp", "pp", "tp")
@@ -111,7 +110,7 @@ def raise_first_failure(per_rank_reports, cases, exercise, advice=""):
         errors = [(rank, r["error"]) for rank, r in enumerate(reports) if r.get("error")]
         if errors:
             rank, (where, what) = errors[0]
-            raise AssertionError(f"{where} raised on rank {rank} ({label}): {what}{advice}")
+            raise AssertionError(f"{where} raised on rank {rank} ({label}){advice}: {what}")
         waited = [rank for rank, r in enumerate(reports) if r.get("waited")]
         if waited:
             raise AssertionError(
@@ -297,23 +296,6 @@ def _routed_world():
 
 
 @contextlib.contextmanager
-def quiet_torch():
-    """Silence what torch's parallel APIs print on a CPU mesh here, on purpose (they would bury a rank's
-    own output): FSDP2's UserWarning that a wrapped module returned a view, the redistribute log line of
-    the global gradient norm over a 2-D mesh, and DTensor's CPU RNG warnings."""
-    logger = logging.getLogger("torch.distributed.tensor._redistribute")
-    level = logger.level
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.distributed")
-        warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.distributed")
-        logger.setLevel(logging.ERROR)
-        try:
-            yield
-        finally:
-            logger.setLevel(level)
-
-
-@contextlib.contextmanager
 def new_groups_wait(seconds):
     """Groups made inside the rank (init_device_mesh's) wait `seconds`, as the world group does: torch gives a
     new gloo group its backend's default (30 minutes), not the world's."""
@@ -331,7 +313,9 @@ def _rank_side(learner, parts, exercise, group_timeout, folders=()):
     """Each of this rank's parts in turn; the first failure is reported as that case's report and ends the
     rank's cases (its peers would not match the next case's calls)."""
     reports = []
-    with quiet_torch(), new_groups_wait(group_timeout):
+    # what torch's parallel APIs print on a CPU mesh (FSDP2's UserWarning that a module returned a view, the
+    # redistribute log line of a 2-D gradient norm) would bury a rank's own output: silenced on purpose
+    with quiet_dtensor(), new_groups_wait(group_timeout):
         for part in parts:
             phases = Phases(exercise)
             try:
