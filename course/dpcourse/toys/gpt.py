@@ -3,7 +3,7 @@
 Used by notebook 13 (the capstone: data x pipeline x tensor parallelism on 8 ranks), its hidden checks
 and its benchmark.
 
-    config = GPTConfig(vocab=65, seq=128, d_model=128, n_heads=4, n_layers=4)   # ~0.8M parameters
+    config = GPTConfig(vocab=16, seq=128, d_model=128, n_heads=4, n_layers=4)   # ~0.8M parameters
     model = gpt(config, seed=0)                        # the same model on every rank and in the reference
     logits = model(tokens)                              # tokens (batch, seq) -> logits (batch, seq, vocab)
 
@@ -31,7 +31,7 @@ from torch import nn
 
 @dataclass(frozen=True)
 class GPTConfig:
-    vocab: int = 65
+    vocab: int = 16  # dpcourse.toys.text's alphabet
     seq: int = 128
     d_model: int = 128
     n_heads: int = 4

@@ -112,7 +112,7 @@ def _measure(sizes, repeats):
     return matmul, times
 
 
-def calibrate(world_size=8, repeats=5, small=64, large=1 << 20):
+def calibrate(world_size=8, repeats=5, small=64, large=16 << 20):
     """This machine as a cluster of `world_size` ranks on one node (all oversubscribed on its cores): FLOP/s
     per rank from a matmul every rank runs at once, alpha and beta from all-reduces of `small` and `large`
     bytes (a ring all-reduce: 2(N - 1) steps, 2(N - 1)/N x S bytes), float32 values."""
@@ -122,7 +122,9 @@ def calibrate(world_size=8, repeats=5, small=64, large=1 << 20):
     t_large = sorted(r[1][1] for r in results)[len(results) // 2]
     steps = 2 * (world_size - 1)
     alpha = t_small / steps
-    beta = (2 * (world_size - 1) / world_size * large) / max(1e-9, t_large - steps * alpha)
+    # the large all-reduce's time beyond its latency is its bytes at beta (at least half its time: a latency
+    # measured on a loaded machine can exceed what the large one's steps waited)
+    beta = (2 * (world_size - 1) / world_size * large) / max(t_large - steps * alpha, t_large / 2)
     return dict(nodes=1, per_node=world_size, flops=2 * 256 ** 3 / matmul, memory=float("inf"),
                 beta_intra=beta, beta_inter=beta, alpha=alpha, bytes_per_value=4, state_bytes=12,
                 fused_attention=False)
