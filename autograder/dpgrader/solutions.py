@@ -38,6 +38,18 @@ def solution_functions(assignment, *exercises):
     They run in one namespace holding the notebook's imports (its cells' top-level import lines)
     and the solution cells' definitions, so one exercise's solution may call another's by name,
     as in the notebook."""
+    namespace, names = _solved(assignment, exercises)
+    return tuple(namespace[name] for name in names)
+
+
+def solution_namespace(assignment, *exercises):
+    """{name: definition} of everything these exercises' solution cells define (a cell may define several
+    functions), run as solution_functions runs them."""
+    namespace, _ = _solved(assignment, exercises)
+    return namespace
+
+
+def _solved(assignment, exercises):
     namespace = {"__name__": f"dpgrader.solutions.{assignment}"}
     imports = [node for cell in notebook_cells(assignment) if cell.cell_type == "code"
                for node in _top_level(cell.source) if isinstance(node, (ast.Import, ast.ImportFrom))]
@@ -50,7 +62,7 @@ def solution_functions(assignment, *exercises):
             raise AssertionError(f"the solution cell of {assignment}/{exercise} defines nothing")
         exec(compile(code, f"<{assignment} solution {exercise}>", "exec"), namespace)
         names.append(definitions[0].name)
-    return tuple(namespace[name] for name in names)
+    return namespace, names
 
 
 def _top_level(source):
