@@ -151,5 +151,6 @@ bench: install  ## benchmarks (speed is measured here, never in tests)
 
 clean:  ## remove the environment (and the hub's proxy) and nbgrader's working files
 	rm -rf $(VENV) hub/node_modules autograder/submitted autograder/autograded autograder/feedback \
-	  autograder/gradebook.db autograder/grades.csv .pytest_cache .ruff_cache
+	  autograder/gradebook.db autograder/grades.csv autograder/class_record.json autograder/class_report.html \
+	  .pytest_cache .ruff_cache
 	find . -name __pycache__ -prune -exec rm -rf {} +

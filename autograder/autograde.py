@@ -346,6 +346,9 @@ def main(argv=None):
           + ", ".join(f"{a} {b[0]:.0f} s" for a, b in sorted(budgets.items())))
     run = ClassRun(subs, root, verdicts_dir, args.jobs, not args.no_sandbox, budgets)
     results, problems = run.run()
+    from class_report import record_run  # the verdicts and reasons `make report` reads
+
+    record_run(root, subs, results, verdicts_dir)
     failed = {key: r["error"] for key, r in results.items() if r.get("error")}
     print(f"grades: {root / 'autograder' / 'grades.csv'}; feedback: {root / 'autograder' / 'feedback'}")
     for assignment in unknown:

@@ -64,7 +64,10 @@ def _open_folder(name, dir_fd, owner_uid):
     try:
         fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError as exc:
-        kind = "a symbolic link" if exc.errno == 40 else f"not a folder one can open ({exc.strerror})"
+        try:
+            kind = _kind(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+        except OSError:
+            kind = f"not a folder one can open ({exc.strerror})"
         raise Refused([f"{name} is {kind}"]) from None
     why = _why_not(os.fstat(fd), owner_uid, folder=True)
     if why:
@@ -186,7 +189,7 @@ def copy_file(src, dest, owner_uid, max_bytes=MAX_BYTES):
     """One regular file of `owner_uid` to `dest`, never through a link at either end: `dest` is written
     anew and renamed into place (a link there is replaced, not followed)."""
     folder, name = os.path.split(os.fspath(src))
-    fd = os.open(folder or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    fd = os.open(folder or ".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)  # a folder one may only pass
     try:
         data = _read(fd, name, owner_uid, max_bytes)
     finally:
