@@ -73,8 +73,8 @@ c.PAMAuthenticator.open_sessions = False  # no login session (utmp, pam_systemd)
 c.JupyterHub.spawner_class = ClassSpawner
 c.Spawner.cmd = [str(Path(sys.prefix) / "bin" / "jupyterhub-singleuser")]
 c.Spawner.default_url = "/lab"
-c.Spawner.start_timeout = 90
-c.Spawner.http_timeout = 60
+c.Spawner.start_timeout = 120
+c.Spawner.http_timeout = 120  # a busy shared machine can take a minute and more to start a server
 # A server stops within seconds of SIGINT; the default 30 s of patience before SIGTERM only slows `make
 # hub`'s stop when one does not.
 c.LocalProcessSpawner.interrupt_timeout = 10
@@ -92,7 +92,8 @@ c.Spawner.pre_spawn_hook = role_environment
 # notebook, measured (README, "A class on Kubernetes": peak memory and CPU of one learner running it):
 # a student's own runs fit; a memory bomb in their kernel is killed there, and nobody else notices.
 # DPCOURSE_HUB_MEM_LIMIT / _CPU_LIMIT / _PIDS_LIMIT override them (the hub's test uses a small one).
-c.Spawner.mem_limit = os.environ.get("DPCOURSE_HUB_MEM_LIMIT", "3G")
+memory = os.environ.get("DPCOURSE_HUB_MEM_LIMIT", "3G")
+c.Spawner.mem_limit = int(memory) if memory.isdigit() else memory  # bytes, or with K, M, G, T
 c.Spawner.cpu_limit = float(os.environ.get("DPCOURSE_HUB_CPU_LIMIT", "2"))
 c.ClassSpawner.pids_limit = int(os.environ.get("DPCOURSE_HUB_PIDS_LIMIT", "1024"))
 

@@ -1,6 +1,7 @@
 """ngshare, the class's exchange as a JupyterHub service (`make hub EXCHANGE=ngshare`), as its own user.
 
     python hub/ngshare_service.py --root HUB_ROOT    # what the hub starts (a managed service), as root
+    python ngshare_service.py --serve ARGS...         # the exchange's image on Kubernetes (hub/k8s/)
 
 Started by the hub as root, it becomes the exchange's system user (class.json: exchange_user) the way a
 user's server does (hub/spawner.py: the course's Python shown to it, then JupyterHub's own switch of
@@ -32,20 +33,15 @@ from pathlib import Path
 
 HUB = Path(__file__).resolve().parent
 
-# The second stage, as the exchange's user (who cannot read hub/): ngshare's own main, bound to loopback,
-# with upstream's fix for SQLAlchemy 2 (see the module docstring).
-STAGE_TWO = """
+# What runs ngshare, as the exchange's user (who cannot read hub/: passed as `python -c` code): upstream's
+# fix for SQLAlchemy 2 (see the module docstring), then ngshare's own main with the arguments given.
+FIXED = """
 import sys
 
 import ngshare.ngshare as ngshare
 from ngshare.database import Assignment, Submission
 from sqlalchemy import event, inspect
 from sqlalchemy.orm import configure_mappers
-
-
-class Loopback(ngshare.HTTPServer):
-    def listen(self, port, address="", **kwargs):
-        return super().listen(port, "127.0.0.1", **kwargs)
 
 
 def joins_its_parents_session(target, value, oldvalue, initiator):
@@ -57,20 +53,32 @@ def joins_its_parents_session(target, value, oldvalue, initiator):
 configure_mappers()  # the backrefs (Assignment.course, Submission.assignment) exist from here on
 for attribute in (Assignment.course, Submission.assignment, Submission.student):
     event.listen(attribute, "set", joins_its_parents_session)
+"""
+LOOPBACK = """
+class Loopback(ngshare.HTTPServer):
+    def listen(self, port, address="", **kwargs):
+        return super().listen(port, "127.0.0.1", **kwargs)
+
+
 ngshare.HTTPServer = Loopback
+"""
+MAIN = """
 ngshare.main(sys.argv[1:])
 """
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--serve"]:  # in the exchange's container image (hub/k8s/Dockerfile): ngshare's own args
+        os.execv(sys.executable, [sys.executable, "-c", FIXED + MAIN, *argv[1:]])
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--root", type=Path, required=True, help="the class's folder (make hub's HUB_ROOT)")
     args = parser.parse_args(argv)
     root = args.root.resolve()
     klass = json.loads((root / "hub" / "class.json").read_text())
     folder = root / "ngshare"
-    command = [sys.executable, "-c", STAGE_TWO, "--database", f"sqlite:///{folder / 'ngshare.db'}",
-               "--storage", str(folder / "files")]
+    command = [sys.executable, "-c", FIXED + LOOPBACK + MAIN,
+               "--database", f"sqlite:///{folder / 'ngshare.db'}", "--storage", str(folder / "files")]
     sys.path.insert(0, str(HUB))
     from spawner import preexec_for
 

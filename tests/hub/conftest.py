@@ -61,11 +61,11 @@ STUDENTS = {
     "f": "dpchub-f",  # submits, submits again, then puts a link to the solutions in place of that notebook
     "g": "dpchub-g",  # submits, then puts a FIFO in place of their notebook
     "h": "dpchub-h",  # a fork bomb in my_slice
-    "i": "dpchub-i",  # a memory bomb in my_slice
+    "j": "dpchub-j",  # a memory bomb in my_slice
 }
 STAFF = "dpchub-staff"
 EXCHANGE_USER = "dpchub-exchange"  # ngshare's (EXCHANGE=ngshare)
-LIMITS = {"DPCOURSE_HUB_MEM_LIMIT": str(2 << 30), "DPCOURSE_SANDBOX_MEMORY": str(2 << 30)}
+LIMITS = {"DPCOURSE_HUB_MEM_LIMIT": "2G", "DPCOURSE_SANDBOX_MEMORY": str(2 << 30)}
 SCRATCH = ("/tmp", "/var/tmp", "/dev/shm")
 
 
