@@ -33,22 +33,29 @@ HUB_INSTRUCTOR ?= instructor
 HUB_STUDENTS   ?= student-a student-b
 HUB_STAFF      ?= dpcourse-staff
 HUB_PORT       ?= 0
+# nbgrader's exchange: a shared folder (filesystem), or the ngshare service (ngshare), run as HUB_EXCHANGE_USER
+EXCHANGE       ?= filesystem
+HUB_EXCHANGE_USER ?= dpcourse-exchange
 PROXY_STAMP    := hub/node_modules/.installed
 # The machine packages of `make test` (Debian's names): the browser tests' Chromium, the grading
 # sandbox's bubblewrap, Node.js for the hub's proxy.
 MACHINE_PACKAGES = chromium:chromium bwrap:bubblewrap node:nodejs npm:npm
 
-.PHONY: help install machine-deps browser-deps sandbox-deps proxy lab formgrader as-root hub hub-remove assignments index format grade autograde test test-under-load lint bench clean
+.PHONY: help install machine-deps browser-deps sandbox-deps proxy lab formgrader as-root hub hub-remove assignments index format grade autograde report test test-under-load lint bench clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 14
 
+# ngshare-exchange (nbgrader's client of ngshare, make hub EXCHANGE=ngshare) without its dependencies: its
+# metadata asks for jupyter-core<4.11.2, which JupyterLab 4 cannot run with, while its code uses nothing
+# of jupyter-core but jupyter_data_dir (README, "A class on JupyterHub": what was checked).
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet $(TORCH_SPEC)
 	$(PY) -m pip install --quiet -r requirements.txt
 	$(PY) -m pip install --quiet --no-deps -e .
+	$(PY) -m pip install --quiet --no-deps ngshare-exchange==0.5.3
 	touch $(STAMP)
 
 install: $(STAMP)  ## create .venv with torch (CPU), JupyterLab, nbgrader, JupyterHub (idempotent)
@@ -100,7 +107,7 @@ as-root:
 
 hub: as-root install $(PROXY_STAMP)  ## a class on JupyterHub (as root): users, nbgrader exchange, formgrader; prints the URL and logins
 	$(PY) hub/setup_class.py --root $(HUB_ROOT) --instructor $(HUB_INSTRUCTOR) --students "$(HUB_STUDENTS)" \
-	  --staff-group $(HUB_STAFF) --port $(HUB_PORT)
+	  --staff-group $(HUB_STAFF) --port $(HUB_PORT) --exchange $(EXCHANGE) --exchange-user $(HUB_EXCHANGE_USER)
 	cd $(HUB_ROOT)/hub && DPCOURSE_HUB_ROOT=$(HUB_ROOT) exec $(BIN)/jupyterhub -f $(CURDIR)/hub/jupyterhub_config.py
 
 hub-remove: as-root  ## remove the class of make hub: its users, HUB_ROOT; the repository's permissions back (as root)
@@ -122,9 +129,15 @@ grade: install  ## grade one notebook as nbgrader would: make grade NB=course/00
 	@test -n "$(NB)" || { echo "usage: make grade NB=path/to/notebook.ipynb"; exit 2; }
 	$(PY) autograder/grade.py $(NB) $(GRADE_OPTS)
 
+# On a class's hub the instructor's judges run in the class's grading service, as root (hub/grading_client.py)
+AUTOGRADE   = $(if $(DPCOURSE_GRADING_SOCKET),hub/grading_client.py,autograder/autograde.py)
+
 autograde: install  ## grade every submission in autograder/submitted/ (JOBS at a time), feedback, grades.csv; STUDENT=x: x's only
-	$(PY) autograder/autograde.py $(if $(filter-out file default undefined,$(origin JOBS)),--jobs $(JOBS)) \
+	$(PY) $(AUTOGRADE) $(if $(filter-out file default undefined,$(origin JOBS)),--jobs $(JOBS)) \
 	  $(foreach s,$(STUDENT),--student $(s))
+
+report: install  ## after make autograde: autograder/class_report.html (scores, failures by cause, where each student stopped)
+	$(PY) autograder/class_report.py
 
 lint: install  ## ruff
 	$(BIN)/ruff check .
@@ -141,5 +154,6 @@ bench: install  ## benchmarks (speed is measured here, never in tests)
 
 clean:  ## remove the environment (and the hub's proxy) and nbgrader's working files
 	rm -rf $(VENV) hub/node_modules autograder/submitted autograder/autograded autograder/feedback \
-	  autograder/gradebook.db autograder/grades.csv .pytest_cache .ruff_cache
+	  autograder/gradebook.db autograder/grades.csv autograder/class_record.json autograder/class_report.html \
+	  .pytest_cache .ruff_cache
 	find . -name __pycache__ -prune -exec rm -rf {} +

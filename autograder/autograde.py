@@ -396,6 +396,9 @@ def main(argv=None):
     run = ClassRun(subs, root, verdicts_dir, args.jobs, not args.no_sandbox, budgets,
                    submitted=(work / "submitted").relative_to(root))
     results, problems = run.run() if subs else ({}, [])
+    from class_report import record_run  # the verdicts and reasons `make report` reads
+
+    record_run(root, subs, results, verdicts_dir)
     failed = {key: r["error"] for key, r in results.items() if r.get("error")}
     graded = {(s, a) for s, a, _ in subs}
     refusals = []  # files left out of submissions that were graded all the same

@@ -1,6 +1,7 @@
 """Make a class of this course on this machine, for JupyterHub (`make hub` runs it, as root).
 
     python hub/setup_class.py --root /srv/dpcourse-hub --instructor teacher --students "ada bob"
+    python hub/setup_class.py ... --exchange ngshare          # nbgrader's exchange as a service (ngshare)
     python hub/setup_class.py --root /srv/dpcourse-hub --remove   # the class's users, group and files go;
                                                                   # the repository gets its permissions back
 
@@ -10,8 +11,14 @@ a new password):
                them in with PAM) and a home under ROOT/home/ that only they may enter (0700);
   staff group  STAFF (the instructor): the only users besides root who may read the repository beyond
                what a learner's server needs;
-  exchange     ROOT/exchange, nbgrader's exchange: everyone may create in it (nbgrader's rule), and the
-               sticky bit keeps anyone from renaming or deleting a folder of somebody else's (the course's);
+  exchange     filesystem (the default): ROOT/exchange, nbgrader's exchange, root's and closed to writing
+               (0755), holding the class's course folder, the instructor's (nbgrader wants the root
+               writable by everyone, 1777, which lets any student make a folder claiming another
+               course's name; hub/config/exchange_rules.py); or ngshare: ROOT/ngshare, the database and
+               files of the ngshare service (hub/ngshare_service.py), owned by the system user
+               EXCHANGE_USER, with the course, its instructor and its students already in it;
+  grading      ROOT/grading (root:STAFF, 0750): the socket of the class's grading service
+               (hub/grading_service.py), through which the instructor's grading runs as root;
   course root  ~INSTRUCTOR/dpcourse, nbgrader's course root for the class: solutions/ (a link to the
                repository's), course/ (what is released), autograder/ (submissions, feedback, the
                gradebook, which lists the class's students from the start);
@@ -26,7 +33,8 @@ a new password):
 
 Users are marked as the class's (their comment field) and a user of that name that is not is never
 touched. The repository's folders above it must let other users through (o+x): the students' servers
-run its .venv.
+run its .venv. `--remove` also deletes what the class's users left in /tmp, /var/tmp and /dev/shm
+(torch's /tmp/torchinductor_<user> among them), which the next user given the same uid would inherit.
 """
 
 import argparse
@@ -44,6 +52,7 @@ from pathlib import Path
 
 HUB = Path(__file__).resolve().parent
 REPO = HUB.parent
+sys.path.insert(0, str(HUB))  # user_cgroup
 PUBLIC = (".venv", "course")  # what a student's server needs from the repository; the rest is closed
 COURSE_ID = "dpcourse"
 MARK = "dpcourse class"  # the comment (GECOS) field of the users this script made
@@ -86,12 +95,12 @@ def ensure_group(name):
     run("groupadd", "-f", name)
 
 
-def ensure_user(name, home, groups=()):
+def ensure_user(name, home, groups=(), shell="/bin/bash"):
     """A system user of the class (created, or one this script made before, moved to `home`)."""
     try:
         entry = pwd.getpwnam(name)
     except KeyError:
-        run("useradd", "--home-dir", str(home), "--no-create-home", "--shell", "/bin/bash",
+        run("useradd", "--home-dir", str(home), "--no-create-home", "--shell", shell,
             "--comment", MARK, "--user-group", name)
     else:
         if entry.pw_gecos != MARK:
@@ -115,11 +124,69 @@ def set_passwords(users):
     return passwords
 
 
-def make_exchange(root):
+def make_exchange(root, instructor):
+    """The filesystem exchange: root's, 0755 (no student can make a folder in it), with the course's folder
+    the instructor's (nbgrader's release makes inbound/, outbound/ and feedback/ in it)."""
     exchange = root / "exchange"
     exchange.mkdir(parents=True, exist_ok=True)
-    os.chmod(exchange, 0o1777)
+    os.chown(exchange, 0, 0)
+    os.chmod(exchange, 0o755)
+    for entry in exchange.iterdir():  # what anyone made there while the root was 1777 (an earlier class)
+        if entry.name == COURSE_ID:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink()
+    course = exchange / COURSE_ID
+    if course.is_symlink() or (course.exists() and not course.is_dir()):
+        course.unlink()
+    course.mkdir(exist_ok=True)
+    os.chown(course, instructor.pw_uid, instructor.pw_gid)
+    os.chmod(course, 0o755)
     return exchange
+
+
+def make_ngshare(root, klass, owner):
+    """ngshare's database (made as ngshare itself would: its alembic migrations) and files folder, owned by
+    the exchange's user, with the class's course, its instructor and its students enrolled, so that the
+    exchange works from the first request (ngshare creates courses for its admins only, and this class
+    has none)."""
+    from ngshare import dbutil
+    from ngshare.database import Course, User
+    from sqlalchemy import create_engine
+    from sqlalchemy.orm import sessionmaker
+
+    folder = root / "ngshare"
+    (folder / "files").mkdir(parents=True, exist_ok=True)
+    url = f"sqlite:///{folder / 'ngshare.db'}"
+
+    class Options:  # what ngshare's own start passes its migrations (ngshare.main: data=true, storage=...)
+        x = ["data=true", f"storage={folder / 'files'}"]
+
+    dbutil.upgrade(url, cmd_opts=Options)
+    engine = create_engine(url)
+    with sessionmaker(bind=engine)() as db:
+        def user(name):
+            found = db.query(User).filter(User.id == name).one_or_none()
+            if found is None:
+                found = User(name)
+                db.add(found)
+            return found
+
+        course = db.query(Course).filter(Course.id == klass["course_id"]).one_or_none()
+        if course is None:
+            course = Course(klass["course_id"], [user(klass["instructor"])])
+            db.add(course)
+        for name in klass["students"]:
+            student = user(name)
+            if student not in course.students:
+                course.students.append(student)
+        db.commit()
+    engine.dispose()
+    for path in [folder, *folder.rglob("*")]:
+        os.chown(path, owner.pw_uid, owner.pw_gid, follow_symlinks=False)
+    os.chmod(folder, 0o700)
 
 
 def make_course_root(home, instructor, students):
@@ -195,7 +262,7 @@ def check_student_view(student):
                          f"files must be readable by others (umask 022 when it was cloned and installed)")
 
 
-def setup(root, instructor, students, staff, port):
+def setup(root, instructor, students, staff, port, exchange="filesystem", exchange_user="dpcourse-exchange"):
     started = time.monotonic()
     if os.geteuid() != 0:
         raise SetupError("making a class creates system users: run it as root (sudo make hub)")
@@ -210,7 +277,14 @@ def setup(root, instructor, students, staff, port):
     klass = {"repo": str(REPO), "root": str(root), "instructor": instructor, "students": students,
              "staff_group": staff, "course_id": COURSE_ID, "exchange": str(root / "exchange"),
              "course_root": str(instructor_home / "dpcourse"), "config": str(root / "config"),
-             "port": port or free_port()}
+             "port": port or free_port(), "exchange_kind": exchange,
+             "grading_socket": str(root / "grading" / "judge.sock")}
+    if exchange == "ngshare":
+        if exchange_user in (instructor, *students):
+            raise SetupError("the exchange's user must be none of the class's users")
+        ngshare_port = free_port()
+        klass.update(exchange_user=exchange_user, ngshare_port=ngshare_port,
+                     ngshare_url=f"http://127.0.0.1:{ngshare_port}/services/ngshare")
     (state / "class.json").write_text(json.dumps(klass, indent=1))  # first: --remove finds the users
     home.parent.mkdir(exist_ok=True)
     os.chmod(home.parent, 0o755)
@@ -221,7 +295,10 @@ def setup(root, instructor, students, staff, port):
     passwords = set_passwords([instructor, *students])
     (state / "passwords.json").touch(mode=0o600)
     (state / "passwords.json").write_text(json.dumps(passwords, indent=1))
-    make_exchange(root)
+    if exchange == "ngshare":
+        make_ngshare(root, klass, ensure_user(exchange_user, root / "ngshare", shell="/usr/sbin/nologin"))
+    else:
+        make_exchange(root, teacher)
     make_course_root(instructor_home, teacher, students)
     install_configs(root)
     close_repository(state, grp.getgrnam(staff).gr_gid)
@@ -246,14 +323,50 @@ def remove(root):
     klass_path = state / "class.json"
     if klass_path.exists():
         klass = json.loads(klass_path.read_text())
-        for user in [klass["instructor"], *klass["students"]]:
+        users = [klass["instructor"], *klass["students"], *filter(None, [klass.get("exchange_user")])]
+        ours = {}
+        for user in users:
             try:
-                if pwd.getpwnam(user).pw_gecos == MARK:
-                    run("userdel", user)
+                entry = pwd.getpwnam(user)
             except KeyError:
-                pass
+                continue
+            if entry.pw_gecos == MARK:
+                ours[entry.pw_uid] = user
+        remove_leftovers(ours)
+        for user in ours.values():
+            run("userdel", user)
         subprocess.run(["groupdel", klass["staff_group"]], capture_output=True)
     shutil.rmtree(root, ignore_errors=True)
+
+
+SHARED_SCRATCH = ("/tmp", "/var/tmp", "/dev/shm")
+
+
+def remove_leftovers(uids):
+    """What the class's users left in the machine's shared scratch folders (top-level entries they own:
+    torch's /tmp/torchinductor_<user>, a kernel's files), and their servers' cgroups: gone, so that no
+    later user given the same uid inherits them."""
+    from user_cgroup import UserCgroup
+
+    for folder in SHARED_SCRATCH:
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                if entry.stat(follow_symlinks=False).st_uid not in uids:
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path)
+                else:
+                    os.unlink(entry.path)
+            except OSError:
+                continue
+    for user in uids.values():
+        group = UserCgroup(user)
+        group.kill_all()
+        group.remove()
 
 
 def main(argv=None):
@@ -263,6 +376,10 @@ def main(argv=None):
     parser.add_argument("--students", default="student-a student-b", help="user names, separated by spaces")
     parser.add_argument("--staff-group", default="dpcourse-staff")
     parser.add_argument("--port", type=int, default=0, help="the hub's port (0: a free one)")
+    parser.add_argument("--exchange", choices=("filesystem", "ngshare"), default="filesystem",
+                        help="nbgrader's exchange: a shared folder, or the ngshare service")
+    parser.add_argument("--exchange-user", default="dpcourse-exchange",
+                        help="the system user the ngshare service runs as (--exchange ngshare)")
     parser.add_argument("--remove", action="store_true", help="remove the class made under --root")
     args = parser.parse_args(argv)
     root = args.root.resolve()
@@ -270,7 +387,8 @@ def main(argv=None):
         if args.remove:
             remove(root)
         else:
-            setup(root, args.instructor, args.students.split(), args.staff_group, args.port)
+            setup(root, args.instructor, args.students.split(), args.staff_group, args.port, args.exchange,
+                  args.exchange_user)
     except (SetupError, subprocess.CalledProcessError) as exc:
         detail = getattr(exc, "stderr", "") or ""
         print(f"make hub: {exc} {detail.strip()}", file=sys.stderr)

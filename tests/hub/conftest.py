@@ -3,7 +3,12 @@ JupyterHub and its proxy), and Chromium with a browser context per user.
 
 Whatever the test does or however it fails, the hub is stopped and the class removed when it ends,
 and the test fails if any process of the hub or of the class's users survives, if one of the hub's
-ports is still taken, or if the repository's permissions are not what they were before.
+ports is still taken, if anything the class's users made is left in /tmp, /var/tmp or /dev/shm, or if
+the repository's permissions are not what they were before.
+
+The hub runs with either exchange (the `hub` fixture's parameter: "filesystem", the default, or
+"ngshare"), with small limits so that the bombs of the test reach them quickly: 2 GiB per user's server
+(DPCOURSE_HUB_MEM_LIMIT) and per graded submission (DPCOURSE_SANDBOX_MEMORY).
 """
 
 import json
@@ -53,8 +58,15 @@ STUDENTS = {
     "c": "dpchub-c",  # submits twice (the latest counts), then once more after the due date
     "d": "dpchub-d",  # submits a notebook that is not one
     "e": "dpchub-e",  # never submits
+    "f": "dpchub-f",  # submits, submits again, then puts a link to the solutions in place of that notebook
+    "g": "dpchub-g",  # submits, then puts a FIFO in place of their notebook
+    "h": "dpchub-h",  # a fork bomb in my_slice
+    "j": "dpchub-j",  # a memory bomb in my_slice
 }
 STAFF = "dpchub-staff"
+EXCHANGE_USER = "dpchub-exchange"  # ngshare's (EXCHANGE=ngshare)
+LIMITS = {"DPCOURSE_HUB_MEM_LIMIT": "2G", "DPCOURSE_SANDBOX_MEMORY": str(2 << 30)}
+SCRATCH = ("/tmp", "/var/tmp", "/dev/shm")
 
 
 def repository_modes():
@@ -97,12 +109,12 @@ def port_taken(port):
 class Hub:
     """`make hub` for the test's class, on a free port, in its own session; its log in `log`."""
 
-    def __init__(self, root, log):
-        self.root, self.log, self.port = root, log, free_port()
+    def __init__(self, root, log, exchange="filesystem"):
+        self.root, self.log, self.port, self.exchange = root, log, free_port(), exchange
         self.url = f"http://localhost:{self.port}"
         self.command = ["make", "-s", "hub", f"HUB_ROOT={root}", f"HUB_INSTRUCTOR={INSTRUCTOR}",
                         f"HUB_STUDENTS={' '.join(STUDENTS.values())}", f"HUB_STAFF={STAFF}",
-                        f"HUB_PORT={self.port}"]
+                        f"HUB_PORT={self.port}", f"EXCHANGE={exchange}", f"HUB_EXCHANGE_USER={EXCHANGE_USER}"]
         self.process, self.timings = None, {}
 
     @property
@@ -120,7 +132,7 @@ class Hub:
         started = time.monotonic()
         with open(self.log, "w") as log:
             self.process = subprocess.Popen(self.command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                                            start_new_session=True)
+                                            start_new_session=True, env={**os.environ, **LIMITS})
         deadline = started + HUB_WAIT["hub"]
         while True:
             try:
@@ -171,31 +183,64 @@ class Hub:
             self.process.wait()
         return reap(tree, HUB_WAIT["stop"])
 
-    def run_as(self, user, *command, input=None):
-        """An nbgrader (or any) command as `user` of the class, as their server would run it."""
+    def run_as(self, user, *command, input=None, token=None):
+        """An nbgrader (or any) command as `user` of the class, as their server would run it; with ngshare,
+        `token` is the JupyterHub API token the exchange's requests carry (their server's: server_token)."""
         from run_as import run
 
-        proc = run(self.root, user, list(command), input=input, capture_output=True, text=True,
+        extra = ["env", f"JUPYTERHUB_API_TOKEN={token}", f"JUPYTERHUB_USER={user}"] if token else []
+        proc = run(self.root, user, [*extra, *command], input=input, capture_output=True, text=True,
                    timeout=HUB_WAIT["command"])
         return proc
 
+    def server_pid(self, user):
+        """The pid of `user`'s running JupyterLab server (jupyterhub-singleuser), or None."""
+        uid = pwd.getpwnam(user).pw_uid
+        for pid, command in class_processes({uid}).items():
+            if "jupyterhub-singleuser" in command:
+                return pid
+        return None
+
+    def server_token(self, user):
+        """The JupyterHub API token of `user`'s running server (what their nbgrader extensions send ngshare),
+        read from its environment as root: the command-line steps then act exactly as that server."""
+        pid = self.server_pid(user)
+        assert pid, f"{user}'s server is not running"
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            variables = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+        return variables[b"JUPYTERHUB_API_TOKEN"].decode()
+
+
+def left_in_scratch(uids):
+    """The entries of /tmp, /var/tmp and /dev/shm owned by one of `uids`."""
+    found = []
+    for folder in SCRATCH:
+        for entry in os.scandir(folder):
+            try:
+                if entry.stat(follow_symlinks=False).st_uid in uids:
+                    found.append(entry.path)
+            except OSError:
+                continue
+    return found
+
 
 @pytest.fixture
-def hub(shots):  # noqa: F811 - shots is the browser tests' fixture
-    """The class on a running hub (make hub), removed afterwards; see the module docstring."""
+def hub(request, shots):  # noqa: F811 - shots is the browser tests' fixture
+    """The class on a running hub (make hub), removed afterwards; see the module docstring. Parametrize
+    it indirectly with "ngshare" for the exchange as a service."""
     if os.geteuid() != 0:
         pytest.skip("the hub test creates system users and starts servers as them: run it as root "
                     "(make test as root, as CI does)")
     before = repository_modes()
     root = Path(tempfile.mkdtemp(prefix="dpcourse-hub-test-"))
     os.chmod(root, 0o755)
-    hub = Hub(root, shots.folder / "hub.log")
+    hub = Hub(root, shots.folder / "hub.log", getattr(request, "param", "filesystem"))
     problems = []
     try:
         yield hub.start()
     finally:
         uids = set()
-        for user in [INSTRUCTOR, *STUDENTS.values()]:
+        for user in [INSTRUCTOR, *STUDENTS.values(), EXCHANGE_USER]:
             try:
                 uids.add(pwd.getpwnam(user).pw_uid)
             except KeyError:
@@ -219,6 +264,9 @@ def hub(shots):  # noqa: F811 - shots is the browser tests' fixture
         if removed.returncode:
             problems.append(f"make hub-remove failed: {removed.stdout}{removed.stderr}")
         shutil.rmtree(root, ignore_errors=True)
+        scratch = left_in_scratch(uids)
+        if scratch:
+            problems.append(f"the class's users left files in the machine's scratch folders: {scratch}")
         changed = {k: v for k, v in repository_modes().items() if before.get(k, v) != v}
         if changed:
             problems.append(f"the repository's permissions differ from before the class: {changed}")

@@ -117,6 +117,34 @@ def submissions_count(formgrader, assignment):
     return assignment_row(formgrader, assignment).locator("td.num-submissions").inner_text().strip()
 
 
+def close_dialog(formgrader, what):
+    """Wait for the Formgrader's dialog, close it, return its text."""
+    dialog = appear(formgrader.locator(".modal.in, .modal.show"), f"the Formgrader's dialog after {what}",
+                    "autograde")
+    text = dialog.inner_text()
+    click(dialog.locator(".modal-footer button").last, f"the button that closes the {what} dialog")
+    try:
+        dialog.wait_for(state="hidden", timeout=HUB_WAIT["step"] * 1000)
+    except PlaywrightTimeout:
+        raise AssertionError(f"the {what} dialog did not close within {HUB_WAIT['step']} s") from None
+    return text
+
+
+def autograde_in_formgrader(formgrader, assignment, student):
+    """The submissions of `assignment` (its count's link), then the Autograde button (the flash) of
+    `student`'s row; returns the dialog's text once nbgrader says it succeeded."""
+    click(assignment_row(formgrader, assignment).locator("td.num-submissions a"),
+          f"the link to the submissions of {assignment}")
+    student_id = formgrader.locator("td.student-id", has_text=exactly(student))
+    row = formgrader.locator("#main-table tr", has=student_id)
+    click(row.locator("td.autograde a"), f"the Autograde button of {student}'s submission")
+    text = close_dialog(formgrader, f"autograding {student}")
+    assert text.lstrip("×\n ").startswith("Success"), f"autograding {student} failed:\n{text[:3000]}"
+    click(formgrader.locator(".breadcrumb a", has_text="Assignments"), "the Formgrader's Assignments link")
+    appear(assignment_row(formgrader, assignment), "the Formgrader's list of assignments", "lab")
+    return text
+
+
 # ---- the instructor: a terminal ---------------------------------------------------------------------
 
 def open_terminal(page):

@@ -1,5 +1,6 @@
 """An instructor in the browser: the Formgrader panel of `make formgrader`, after `make autograde`
-graded a few generated submissions."""
+graded a few generated submissions; then the class report of `make report` (autograder/class_report.py),
+its causes counted right, opened in the same JupyterLab."""
 
 import csv
 import os
@@ -16,7 +17,7 @@ from nbgrader.api import Gradebook
 from grading import variants_of
 
 from .conftest import REPO, WAIT
-from .steps import appear, click, exactly, hide_left_sidebar, menu, open_lab, until
+from .steps import appear, click, exactly, hide_left_sidebar, menu, open_lab, open_path, until
 
 ASSIGNMENT = "00_orientation"
 NOTEBOOK = f"{ASSIGNMENT}/{ASSIGNMENT}.ipynb"
@@ -24,13 +25,16 @@ ASSIGNMENTS = sorted(p.name for p in (REPO / "solutions").glob("[0-9]*") if p.is
 
 
 SOLUTION, RELEASED = REPO / "solutions" / NOTEBOOK, REPO / "course" / NOTEBOOK
-# Three learners: everything right, nothing written yet, one planted bug (a mean of means).
+# Four learners: everything right, nothing written yet, and two with the same planted bug (a mean of
+# means), which the class report must count as one cause of two students.
 SUBMISSIONS = {
     "ada": (SOLUTION, {}),
     "bob": (RELEASED, {}),
     "cyd": (SOLUTION, variants_of(ASSIGNMENT)["mean_of_means"]["cells"]),
+    "dan": (SOLUTION, variants_of(ASSIGNMENT)["mean_of_means"]["cells"]),
 }
-NAMES = {"ada": ("Ada", "Lovelace"), "bob": ("Bob", "Barker"), "cyd": ("Cyd", "Charisse")}
+NAMES = {"ada": ("Ada", "Lovelace"), "bob": ("Bob", "Barker"), "cyd": ("Cyd", "Charisse"),
+         "dan": ("Dan", "Dare")}
 
 
 def notebook_with(path, cells):
@@ -83,7 +87,8 @@ def test_formgrader_lists_the_assignments_and_shows_the_scores(start_server, pag
     assert set(grades) == set(SUBMISSIONS), f"grades.csv has {sorted(grades)}"
     assert float(grades["ada"]["score"]) == float(grades["ada"]["max_score"]) > 0
     assert float(grades["bob"]["score"]) == 0
-    assert 0 < float(grades["cyd"]["score"]) < float(grades["cyd"]["max_score"])
+    for student in ("cyd", "dan"):
+        assert 0 < float(grades[student]["score"]) < float(grades[student]["max_score"])
 
     server = start_server("formgrader", env=env)
     open_lab(page, server)
@@ -112,3 +117,39 @@ def test_formgrader_lists_the_assignments_and_shows_the_scores(start_server, pag
     shots(page.locator("#formgrader-iframe"), "formgrader")
     expected = {s: f"{points(g['score'])} / {points(g['max_score'])}" for s, g in grades.items()}
     assert shown == expected, f"the Formgrader shows {shown}; the gradebook says {expected}"
+
+    check_class_report(page, shots, env)
+
+
+def check_class_report(page, shots, env):
+    """`make report` on the graded class: each exercise's causes of failure with the students they
+    stopped (the planted mean of means: cyd and dan; nothing written: bob), where each student stopped;
+    then the page itself, opened from the file browser of the same JupyterLab."""
+    made = subprocess.run(["make", "-s", "report"], cwd=REPO, env={**os.environ, **env}, capture_output=True,
+                          text=True, timeout=WAIT["lab"])
+    assert made.returncode == 0, made.stdout + made.stderr
+    sys.path.insert(0, str(REPO / "autograder"))
+    import class_report  # noqa: I001 - found through the path just added
+
+    data = class_report.gather(Path(env["DPCOURSE_COURSE_ROOT"]))
+    causes = {(key, cause): sorted(data["students_with"][("00_orientation", key, cause)])
+              for (assignment, key), counted in data["failures"].items() for cause in counted}
+    mean_of_means = [who for (key, cause), who in causes.items()
+                     if key == "global_mean" and "global_mean of unequal shards is" in cause]
+    assert mean_of_means == [["cyd", "dan"]], causes
+    assert data["failures"][("00_orientation", "global_mean")].most_common(1)[0][1] == 2, causes
+    not_written = {key: who for (key, cause), who in causes.items() if "not written yet" in cause}
+    assert not_written == {"my_slice": ["bob"], "global_mean": ["bob"]}, causes
+    assert data["judged"] == len(SUBMISSIONS) and not data["not_graded"], data["not_graded"]
+    stopped = {s: (w["where"], w["why"]) for s, w in data["stopped"].items()}
+    assert stopped["ada"][0] is None and stopped["bob"][0] == f"{ASSIGNMENT} / my_slice", stopped
+    assert stopped["cyd"][0] == stopped["dan"][0] == f"{ASSIGNMENT} / global_mean", stopped
+
+    html = (Path(env["DPCOURSE_COURSE_ROOT"]) / "autograder" / "class_report.html").read_text()
+    assert "global_mean of unequal shards is" in html and "not written yet" in html
+    page.locator(".jp-SideBar.jp-mod-left .lm-TabBar-tab[data-id='filebrowser']").click()
+    open_path(page, "autograder/class_report.html")
+    frame = page.frame_locator(".jp-HTMLViewer:visible iframe")
+    appear(frame.locator("h1", has_text="Class report"), "the class report in JupyterLab's HTML viewer",
+           "lab")
+    shots(page.locator(".jp-HTMLViewer:visible"), "class-report")
