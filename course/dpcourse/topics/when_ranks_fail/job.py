@@ -31,6 +31,7 @@ import os
 import random
 import signal
 import time
+import zlib
 from functools import partial
 
 import torch
@@ -261,7 +262,7 @@ class Trainer:
             self.optimizer, partial(lr_factor, warmup=job["warmup"], steps=job["steps"]))
         self.sampler = sampler(job["samples"], job["global_batch"], job["seed"], self.rank, self.world_size)
         self.x, self.y = job_data(job)
-        self.losses, self.seen, self.skipped = {}, {}, []
+        self.losses, self.seen, self.lrs, self.draws, self.skipped = {}, {}, {}, {}, []
         self.loss = None
 
     # -- one step ---------------------------------------------------------------------------------
@@ -271,6 +272,7 @@ class Trainer:
 
     def local_step(self):
         """Data, noise, forward, backward: everything of a step that needs no other rank."""
+        self.draw = random_fingerprints(self.generator)
         self._at("data")
         batch = torch.as_tensor(self.sampler.next_batch(), dtype=torch.long)
         x, y = self.x[batch], self.y[batch]
@@ -295,14 +297,16 @@ class Trainer:
         flat /= self.world_size
         vector_to_parameters(flat, grads)
         self._at("optimizer")
+        self.lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
         self.scheduler.step()
-        self._record()
         self._fault("end")
+        self._record()
 
     def skip_step(self):
         """The step's update is skipped (its gradients thrown away): the data and the schedule move on."""
         self.model.zero_grad(set_to_none=False)
+        self.lr = self.optimizer.param_groups[0]["lr"]
         self.skipped.append(self.step)
         self.scheduler.step()
         self._record()
@@ -310,15 +314,18 @@ class Trainer:
     def _record(self):
         self.losses[self.step] = float(self.loss)
         self.seen[self.step] = self.batch.tolist()
+        self.lrs[self.step] = float(self.lr)
+        self.draws[self.step] = self.draw
         self.step += 1
 
     def flat_parameters(self):
         return parameters_to_vector(self.model.parameters()).detach().clone()
 
     def report(self):
-        """What a rank returns: losses and samples per step, the final parameters, this rank's optimizer
-        piece, the learning rate, the steps skipped."""
-        return {"losses": dict(self.losses), "seen": dict(self.seen), "params": self.flat_parameters(),
+        """What a rank returns: per step its loss, samples, learning rate and random states (`draws`), the
+        final parameters, this rank's optimizer piece, the learning rate, the steps skipped."""
+        return {"losses": dict(self.losses), "seen": dict(self.seen), "lrs": dict(self.lrs),
+                "draws": dict(self.draws), "params": self.flat_parameters(),
                 "exp_avg": self.optimizer.exp_avg.clone(), "exp_avg_sq": self.optimizer.exp_avg_sq.clone(),
                 "opt_bounds": list(self.optimizer.bounds), "lr": self.optimizer.param_groups[0]["lr"],
                 "step": self.step, "skipped": list(self.skipped), "fired": list(self.fired)}
@@ -336,6 +343,14 @@ class Trainer:
                 fault["done"] = True
                 self.fired.append([fault["kind"], step, where])
                 INJECT[fault["kind"]](self, fault)
+
+
+def random_fingerprints(generator):
+    """Where each of a rank's three random streams stands (a CRC of its state): two runs that draw the
+    same numbers from here on have the same three fingerprints."""
+    return {"torch": zlib.crc32(torch.get_rng_state().numpy().tobytes()),
+            "generator": zlib.crc32(generator.get_state().numpy().tobytes()),
+            "python": zlib.crc32(repr(random.getstate()).encode())}
 
 
 def rank_mesh(world_size, group=None):

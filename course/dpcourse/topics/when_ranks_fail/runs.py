@@ -28,9 +28,8 @@ is reported at once.
 """
 
 import os
-import shutil
+import random
 import time
-from datetime import timedelta
 from functools import partial
 
 import torch
@@ -40,7 +39,7 @@ from dpcourse.runtime.failures import VICTIM, WAITED, LaunchError
 from dpcourse.runtime.inside_rank import to_cpu
 from dpcourse.runtime.launcher import launch, per_rank
 from dpcourse.runtime.timeouts import TIMEOUTS
-from dpcourse.topics.when_ranks_fail.job import Fault, ShardSampler, Trainer
+from dpcourse.topics.when_ranks_fail.job import Fault, ShardSampler, Trainer, rank_seeds
 
 HANG_TIMEOUT = 1.0  # seconds a collective waits for a stuck rank in the hang cases (the watchdog's trigger)
 
@@ -75,13 +74,9 @@ def each_part(case_fn, learner, parts, folder, exercise):
     docstring). `folder`: the launch's shared folder (a plain argument, so the grader shares it)."""
     os.umask(0)
     torch.set_num_threads(1)
-    # a group of its own per case that asks for one, with the launch's timeout (new_group's default is
-    # torch's 30 minutes, not the default group's)
-    groups = [dist.new_group(list(range(dist.get_world_size())), timeout=timedelta(seconds=part["own_group"]))
-              if part.get("own_group") else None for part in parts]
     reports = []
-    for part, group in zip(parts, groups, strict=True):
-        part = dict(part, folder=os.path.join(folder, part["name"]) if folder else None, group=group)
+    for part in parts:
+        part = dict(part, folder=os.path.join(folder, part["name"]) if folder else None)
         if part["folder"]:
             os.makedirs(part["folder"], exist_ok=True)
         try:
@@ -150,16 +145,41 @@ def _first_half(learner, part):
 def _second_half(learner, part):
     """A fresh trainer (a new process: nothing survives but the files) loads the checkpoint and trains on."""
     label = part.get("label", part["name"])
-    trainer = guarded(part["exercise"], label, Trainer, part["job"], sampler=learner.get("sampler") or ShardSampler)
+    sampler = learner.get("sampler") or ShardSampler
+    forget = part.get("forget", "nothing")
+    fresh = Trainer(part["job"], sampler=sampler) if forget != "nothing" else None  # before: it seeds
+    trainer = guarded(part["exercise"], label, Trainer, part["job"], sampler=sampler)
     started = time.perf_counter()
     guarded(part["exercise"], label, learner["load"], os.path.join(part["folder"], "checkpoint"), trainer)
     loaded = time.perf_counter() - started
+    if fresh is not None:
+        FORGET[forget](trainer, fresh)
     restored = {"step": trainer.step, "lr": trainer.optimizer.param_groups[0]["lr"],
                 "exp_avg": trainer.optimizer.exp_avg.clone(), "exp_avg_sq": trainer.optimizer.exp_avg_sq.clone(),
                 "opt_bounds": list(trainer.optimizer.bounds), "params": trainer.flat_parameters()}
     while trainer.step < part["job"]["steps"]:
         trainer.train_step()
     return {"restored": restored, "resumed": trainer.report(), "load_seconds": loaded}
+
+
+def _forget_torch(trainer, fresh):
+    torch.manual_seed(rank_seeds(trainer.job, trainer.rank)["torch"])
+
+
+def _forget_python(trainer, fresh):
+    random.seed(rank_seeds(trainer.job, trainer.rank)["python"])
+
+
+# What a demo throws away right after load_checkpoint (put back as a fresh trainer has it): notebook 14's
+# picture of what each piece of state does. `fresh` is a newly built trainer of the same job.
+FORGET = {
+    "torch's random state": _forget_torch,
+    "Python's random": _forget_python,
+    "the generator": lambda trainer, fresh: trainer.generator.set_state(fresh.generator.get_state()),
+    "the sampler": lambda trainer, fresh: trainer.sampler.load_state_dict(fresh.sampler.state_dict()),
+    "the schedule": lambda trainer, fresh: trainer.scheduler.load_state_dict(fresh.scheduler.state_dict()),
+    "the optimizer": lambda trainer, fresh: trainer.optimizer.load_state_dict(fresh.optimizer.state_dict()),
+}
 
 
 def run_resume(learner, world_size, cases, *, exercise, resume_on=None, folder):
@@ -280,6 +300,11 @@ def run_restarts(train_job, world_size, case, *, exercise, folder, max_restarts=
         started = time.perf_counter()
         try:
             final = launch_parts(_attempt, train_job, world_size, [dict(case, faults=faults)], folder, exercise)[0]
+        except AssertionError as error:
+            torn = [name for name, complete in checkpoints_in(job_folder).items() if not complete]
+            hint = (f" ({', '.join(torn)} has no .metadata: its writing was cut short, it is no checkpoint)"
+                    if torn else "")
+            raise AssertionError(f"attempt {attempt}: {error}{hint}") from None
         except LaunchError as error:
             seconds.append(time.perf_counter() - started)
             expected = next((f for f in faults if f["rank"] == error.rank), None)
@@ -307,7 +332,7 @@ def _heartbeat_case(learner, part):
     faults = [dict(f, folder=part["folder"]) for f in part["faults"]]
     trainer = None
     try:
-        trainer = Trainer(dict(part["job"], layout="replicated"), faults=faults, group=part["group"],
+        trainer = Trainer(dict(part["job"], layout="replicated"), faults=faults,
                           beat=partial(guarded, exercise, label, heartbeat.beat))
         while trainer.step < part["job"]["steps"]:
             trainer.train_step()
@@ -326,10 +351,13 @@ def _heartbeat_case(learner, part):
 def run_heartbeats(heartbeat_cls, world_size, cases, *, exercise, folder, group_timeout=HANG_TIMEOUT):
     """[case][rank] reports of `_heartbeat_case`: {"blamed": what blame() returned, "waited_at": [step, where]}
     for the ranks that waited, {"stuck": ...} for the stuck rank, {"finished": True} when nothing hung.
-    Each case runs on a process group of its own (a group that timed out is not reused)."""
-    cases = [dict(case, exercise=exercise, own_group=group_timeout) for case in named(cases)]
-    return launch_parts(_heartbeat_case, heartbeat_cls, world_size, cases, folder, exercise,
-                        group_timeout=group_timeout)
+
+    One launch per case: a collective that timed out leaves its group unusable (under gloo its peers gave
+    up on it; the grader's router, which matches a group's collectives by their order, still holds the
+    contributions of the ranks that gave up, and would pair them with the stuck rank's next call)."""
+    cases = [dict(case, exercise=exercise) for case in named(cases)]
+    return [launch_parts(_heartbeat_case, heartbeat_cls, world_size, [case], folder, exercise,
+                         group_timeout=group_timeout)[0] for case in cases]
 
 
 # --------------------------------------------------------------------------- 5. silent errors
@@ -337,7 +365,8 @@ def run_heartbeats(heartbeat_cls, world_size, cases, *, exercise, folder, group_
 def _guarded_case(learner, part):
     """The replicated job with the learner's two checks: every step, grads_finite_everywhere before the
     gradient all-reduce (False: every rank skips the step); every `every` steps, diverged_ranks (a list:
-    the job stops there and says so)."""
+    the job stops there and says so). After each of the learner's calls the course's loop compares the
+    ranks' answers (one all-gather): ranks that disagree would part ways, so the run stops and says so."""
     label, exercise, job = part.get("label", part["name"]), part["exercise"], part["job"]
     trainer = Trainer(dict(job, layout="replicated"), faults=part["faults"])
     verdicts, found = [], None
@@ -347,18 +376,45 @@ def _guarded_case(learner, part):
         if not isinstance(finite, bool):
             raise LearnerError(f"{exercise} ({label})", f"grads_finite_everywhere returned {finite!r}, "
                                                         f"expected True or False")
+        decisions = _everyone([float(finite)])
+        if len({tuple(d) for d in decisions}) > 1:
+            skip = [r for r, d in enumerate(decisions) if not d[0]]
+            take = [r for r, d in enumerate(decisions) if d[0]]
+            return {**trainer.report(), "verdicts": verdicts, "found": found,
+                    "split": f"at step {trainer.step} rank(s) {skip} decided to skip the step and rank(s) {take} "
+                             f"to take it: the ranks would part ways (those that skip leave the others waiting in "
+                             f"the gradient all-reduce) -- decide together (one all-reduce of a flag)"}
         if finite:
             trainer.sync_step()
         else:
             trainer.skip_step()
         if trainer.step % part["every"] == 0:
             suspects = guarded(exercise, label, learner["diverged"], trainer.model)
-            suspects = sorted(int(r) for r in suspects) if isinstance(suspects, (list, tuple)) else suspects
+            if not isinstance(suspects, (list, tuple)) or not all(isinstance(r, int) for r in suspects):
+                raise LearnerError(f"{exercise} ({label})", f"diverged_ranks returned {suspects!r}, expected a "
+                                                            f"list of ranks")
+            suspects = sorted(suspects)
+            world = dist.get_world_size()
+            answers = _everyone([1.0 if r in suspects else 0.0 for r in range(world)])
+            if len({tuple(a) for a in answers}) > 1:
+                said = {r: [i for i, v in enumerate(a) if v] for r, a in enumerate(answers)}
+                return {**trainer.report(), "verdicts": verdicts, "found": found,
+                        "split": f"after step {trainer.step} the ranks' answers differ ({said}): every rank "
+                                 f"must reach the same verdict (a check that one rank computes leaves the "
+                                 f"others unknowing)"}
             verdicts.append([trainer.step, suspects])
             if suspects:
                 found = [trainer.step, suspects]
                 break
     return {**trainer.report(), "verdicts": verdicts, "found": found}
+
+
+def _everyone(values):
+    """Every rank's `values` (the course's own all-gather, to compare the ranks' answers)."""
+    mine = torch.tensor(values, dtype=torch.float64)
+    out = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, mine)
+    return [o.tolist() for o in out]
 
 
 def run_guarded(learner, world_size, cases, *, exercise, group_timeout=None):
@@ -384,10 +440,3 @@ def run_timed(time_steps, world_size, cases, *, exercise):
     """[case][rank] {"result": what time_steps(trainer, steps) returned, "step": the trainer's step after}."""
     cases = [dict(case, exercise=exercise) for case in named(cases)]
     return launch_parts(_timed_case, time_steps, world_size, cases, None, exercise)
-
-
-def fresh_folder(base, name):
-    """An empty sub-folder `name` of `base` (removed first if a run left one)."""
-    path = os.path.join(base, name)
-    shutil.rmtree(path, ignore_errors=True)
-    return path
