@@ -104,7 +104,7 @@ BUGS = [
                       '            for name, value in trainer.optimizer.state_dict().items()},\n'),
                      ('    trainer.optimizer.load_state_dict(state["optimizer"])',
                       '    trainer.optimizer.load_state_dict(state[f"optimizer/rank{dist.get_rank()}"])')])},
-                 loses={"test_elastic_sampler_resume": "raised on rank"},
+                 loses={"test_elastic_sampler_resume": "must be resharded"},
                  keeps=["test_elastic_sampler_stream"]),
 
     # -- train_job / latest_checkpoint (next to the solved checkpoint) -------------------------------------

@@ -34,6 +34,7 @@ from functools import partial
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
 
 from dpcourse.runtime.failures import VICTIM, WAITED, LaunchError
 from dpcourse.runtime.inside_rank import to_cpu
@@ -53,13 +54,23 @@ class LearnerError(Exception):
 
 
 def guarded(exercise, label, fn, *args, **kwargs):
+    """fn(*args, **kwargs); what it raises becomes a LearnerError saying where (a fault passes through)."""
     try:
         return fn(*args, **kwargs)
     except (Fault, LearnerError):
         raise
-    except Exception as exc:
-        raise LearnerError(f"{exercise} ({label})", f"{type(exc).__name__}: {str(exc).splitlines()[0][:400]}"
-                           if str(exc) else type(exc).__name__) from exc
+    except (Exception, CheckpointException) as exc:  # DCP's CheckpointException is a BaseException
+        raise LearnerError(f"{exercise} ({label})", said(exc)) from exc
+
+
+def said(exc):
+    """'<type>: <first line>' of an exception; for DCP's CheckpointException, of the first rank's failure
+    inside it (its own text is only 'CheckpointException ranks:dict_keys([...])')."""
+    if isinstance(exc, CheckpointException) and exc.failures:
+        rank, (inner, _) = sorted(exc.failures.items(), key=lambda item: item[0])[0]
+        return f"CheckpointException (rank {rank}): {said(inner)}"
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:400]}" if text else type(exc).__name__
 
 
 def own_part(case, rank):
@@ -84,10 +95,9 @@ def each_part(case_fn, learner, parts, folder, exercise):
         except LearnerError as exc:
             reports.append({"error": [exc.where, exc.what]})
             break
-        except Exception as exc:  # noqa: BLE001 - the course's own code failing is reported too
+        except (Exception, CheckpointException) as exc:  # noqa: BLE001 - the course's own code failing too
             kind = "waited" if WAITED.search(str(exc)) or VICTIM.search(str(exc)) else "error"
-            reports.append({kind: [f"{exercise} ({part.get('label', part['name'])})",
-                                   f"{type(exc).__name__}: {str(exc).splitlines()[0][:400]}"]})
+            reports.append({kind: [f"{exercise} ({part.get('label', part['name'])})", said(exc)]})
             break
     return reports
 
@@ -192,7 +202,15 @@ def run_resume(learner, world_size, cases, *, exercise, resume_on=None, folder):
     what the load left, "resumed": [rank] report, "save_seconds", "load_seconds": [rank]}."""
     cases = [dict(case, exercise=exercise) for case in named(cases)]
     first = launch_parts(_first_half, learner, world_size, cases, folder, exercise)
-    second = launch_parts(_second_half, learner, resume_on or world_size, cases, folder, exercise)
+    try:
+        second = launch_parts(_second_half, learner, resume_on or world_size, cases, folder, exercise)
+    except AssertionError as error:
+        if (resume_on or world_size) == world_size or "mismatch" not in str(error):
+            raise
+        raise AssertionError(f"{error} -- the checkpoint was written by {world_size} ranks and is loaded by "
+                             f"{resume_on}: a piece one rank saved does not fit another world size's piece, so the "
+                             f"optimizer state must be resharded (keep it as the optimizer's DTensors, and load "
+                             f"into the new trainer's own state_dict)") from None
     out = []
     for case_first, case_second in zip(first, second, strict=True):
         out.append({"first": [r["first"] for r in case_first],
