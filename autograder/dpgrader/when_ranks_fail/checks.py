@@ -37,16 +37,20 @@ from dpcourse.topics.when_ranks_fail.runs import (
 # What each exercise's expected values come from (autograder/exercises.json lists them).
 REFERENCES = {
     "exact_checkpoint": "the same job trained without a break (the course's own loop, no learner code), "
-                        "compared bit for bit; that run against the job computed in one process (job.simulate: "
+                        "compared bit for bit; that run against the job computed in one process "
+                        "(job.simulate: "
                         "every rank's batch and random streams in turn, float64)",
     "elastic_sampler": "the stream of global batches written out (job.global_stream: each epoch's seeded "
-                       "order in batches); the saved moments resharded with torch.chunk's split; the job in one "
+                       "order in batches); the saved moments resharded with torch.chunk's split; the "
+                       "job in one "
                        "process on the same global batches",
     "restart_from_checkpoint": "the same job trained without a break by the course's own loop, bit for bit; "
-                               "the checkpoints and the resume step a restarting job must have, worked out from "
+                               "the checkpoints and the resume step a restarting job must have, worked "
+                               "out from "
                                "the kills and the interval (checks.expected_checkpoints)",
     "heartbeat": "the rank, step and place where the course's trainer was told to stop",
-    "cross_rank_checks": "the rank whose bit the course's trainer flipped and the steps whose gradient it made "
+    "cross_rank_checks": "the rank whose bit the course's trainer flipped and the steps whose gradient "
+                         "it made "
                          "NaN; the job in one process with those steps skipped",
     "straggler_report": "the rank the course's trainer made sleep, and its sleep as a lower bound; step_time "
                         "and idle recomputed from the reported times",
@@ -65,7 +69,8 @@ def check_exact_checkpoint(save_checkpoint, load_checkpoint):
     launches (the visible tests run 2 and 4 ranks)."""
     learner = {"save": save_checkpoint, "load": load_checkpoint}
     exercise = "save_checkpoint / load_checkpoint"
-    cases = [dict(job=make_job(steps=6), stop=1, uninterrupted=True, label="3 ranks, a checkpoint after step 1"),
+    cases = [dict(job=make_job(steps=6), stop=1, uninterrupted=True, label="3 ranks, a checkpoint after "
+                                                                           "step 1"),
              dict(job=make_job(steps=9, global_batch=6, seed=3), stop=9, uninterrupted=True,
                   label="3 ranks, global batches of 6, a checkpoint after the last step")]
     with _folder() as folder:
@@ -77,9 +82,9 @@ def check_exact_checkpoint(save_checkpoint, load_checkpoint):
 # --------------------------------------------------------------------------- 2. another world size
 
 def check_elastic_sampler(ElasticSampler, save_checkpoint, load_checkpoint):
-    """The sampler alone on 4 ranks over 50 samples (2 left over each epoch), then on 3, 2 and 1; two whole jobs
-    resumed from 4 ranks on 1: a checkpoint at the end of the first epoch, and 50 samples in global batches
-    of 8 (the visible test resumes 4 ranks on 3)."""
+    """The sampler alone on 4 ranks over 50 samples (2 left over each epoch), then on 3, 2 and 1; two whole
+    jobs resumed from 4 ranks on 1: a checkpoint at the end of the first epoch, and 50 samples in global
+    batches of 8 (the visible test resumes 4 ranks on 3)."""
     sampler_case = dict(job=make_job(samples=50), draws=6, then=[3, 2, 1], draws_after=4, uneven=(10, 4),
                         label="50 samples, global batches of 12")
     expect_sampler(run_sampler(ElasticSampler, 4, [sampler_case], exercise="ElasticSampler")[0], sampler_case,
@@ -127,9 +132,10 @@ def check_heartbeat(Heartbeat):
 # --------------------------------------------------------------------------- 5. silent errors
 
 def check_cross_rank_checks(diverged_ranks, grads_finite_everywhere):
-    """4 ranks, a check every 3 steps: NaNs in rank 3's gradient at steps 1 and 5, the lowest bit of one of rank
-    0's parameters flipped after step 6 (a float sum would not see it)."""
-    case = dict(job=make_job(steps=12), every=3, label="4 ranks, the lowest bit of one of rank 0's parameters",
+    """4 ranks, a check every 3 steps: NaNs in rank 3's gradient at steps 1 and 5, the lowest bit of one of
+    rank 0's parameters flipped after step 6 (a float sum would not see it)."""
+    case = dict(job=make_job(steps=12), every=3, label="4 ranks, the lowest bit of one of rank 0's "
+                                                       "parameters",
                 faults=[dict(rank=3, step=1, where="backward_done", kind="nan", index=2),
                         dict(rank=3, step=5, where="backward_done", kind="nan", index=7),
                         dict(rank=0, step=6, where="end", kind="flip", index=30, bit=0)])
@@ -148,5 +154,5 @@ def check_straggler_report(time_steps):
     expect_straggler(run_timed(time_steps, 2, [case], exercise="time_steps")[0], case, "time_steps")
 
 
-__all__ = ["check_exact_checkpoint", "check_elastic_sampler", "check_restart_from_checkpoint", "check_heartbeat",
-           "check_cross_rank_checks", "check_straggler_report"]
+__all__ = ["check_exact_checkpoint", "check_elastic_sampler", "check_restart_from_checkpoint",
+           "check_heartbeat", "check_cross_rank_checks", "check_straggler_report"]

@@ -26,7 +26,8 @@ def young_interval(checkpoint_seconds, mtbf_seconds):
 
 
 def job_mtbf(device_mtbf, devices):
-    """The mean time between failures of a job that fails when any one of `devices` independent devices fails."""
+    """The mean time between failures of a job that fails when any one of `devices` independent devices "
+      "fails."""
     return device_mtbf / devices
 
 

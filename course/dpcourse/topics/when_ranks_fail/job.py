@@ -206,8 +206,8 @@ class ShardedAdamW(torch.optim.Optimizer):
             return local
         from torch.distributed.tensor import DTensor, Shard
 
-        return DTensor.from_local(local, self.mesh, [Shard(0)], run_check=False, shape=torch.Size([self.numel]),
-                                  stride=(1,))
+        return DTensor.from_local(local, self.mesh, [Shard(0)], run_check=False,
+                                  shape=torch.Size([self.numel]), stride=(1,))
 
     def state_dict(self):
         return {"exp_avg": self._held(self.exp_avg), "exp_avg_sq": self._held(self.exp_avg_sq),
@@ -429,7 +429,8 @@ def simulate(job, world_size, steps=None, sampler=ShardSampler, skip=()):
             torch_state = torch.get_rng_state()
         streams.append({"torch": torch_state, "python": random.Random(seeds["python"]),
                         "generator": torch.Generator().manual_seed(seeds["generator"]),
-                        "sampler": sampler(job["samples"], job["global_batch"], job["seed"], rank, world_size)})
+                        "sampler": sampler(job["samples"], job["global_batch"], job["seed"], rank,
+                                           world_size)})
     losses, seen = [], []
     for step in range(steps):
         step_losses, step_seen, grads = [], [], []
@@ -459,6 +460,7 @@ def simulate(job, world_size, steps=None, sampler=ShardSampler, skip=()):
         vector_to_parameters(total / world_size, [p.grad for p in model.parameters()])
         optimizer.step()
         scheduler.step()
-    return {"losses": losses, "seen": seen, "params": parameters_to_vector(model.parameters()).detach().clone(),
+    params = parameters_to_vector(model.parameters()).detach().clone()
+    return {"losses": losses, "seen": seen, "params": params,
             "exp_avg": optimizer.exp_avg.clone(), "exp_avg_sq": optimizer.exp_avg_sq.clone(),
             "lr": optimizer.param_groups[0]["lr"]}

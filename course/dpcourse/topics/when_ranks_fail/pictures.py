@@ -16,8 +16,8 @@ def plot_waste(intervals, checkpoint_seconds, mtbf_seconds, restart_seconds=0.0,
     `step_seconds` each."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.6))
     seconds = [i * step_seconds for i in intervals]
-    left.plot(intervals, [waste_fraction(s, checkpoint_seconds, mtbf_seconds, restart_seconds) for s in seconds],
-              label="δ/τ + (τ/2 + R)/M")
+    first_order = [waste_fraction(s, checkpoint_seconds, mtbf_seconds, restart_seconds) for s in seconds]
+    left.plot(intervals, first_order, label="δ/τ + (τ/2 + R)/M")
     left.plot(intervals, [simulate_waste(s, checkpoint_seconds, mtbf_seconds, restart_seconds, trials=60)
                           for s in seconds], "o", label="failures simulated")
     best = young_interval(checkpoint_seconds, mtbf_seconds) / step_seconds
@@ -28,9 +28,11 @@ def plot_waste(intervals, checkpoint_seconds, mtbf_seconds, restart_seconds=0.0,
     if measured:
         xs, lost = zip(*measured, strict=True)
         right.plot(xs, lost, "o", label="your runs: steps lost to the kill")
-        right.plot(sorted(set(xs)), [x / 2 for x in sorted(set(xs))], "-", label="τ / 2 (a kill at a random step)")
+        right.plot(sorted(set(xs)), [x / 2 for x in sorted(set(xs))], "-", label="τ / 2 (a kill at a "
+                                                                                 "random step)")
         right.plot(sorted(set(xs)), [x - 1 for x in sorted(set(xs))], ":", label="τ − 1 (the worst case)")
-        right.set(xlabel=f"checkpoint interval ({unit})", ylabel="steps recomputed", title="lost work, measured")
+        right.set(xlabel=f"checkpoint interval ({unit})", ylabel="steps recomputed", title="lost work, "
+                                                                                           "measured")
         right.legend(fontsize=8)
     else:
         right.axis("off")
@@ -46,9 +48,10 @@ def plot_step_times(compute, slowest=None):
     for rank, times in enumerate(compute):
         ax.bar([s + rank * width for s in range(steps)], [t * 1e3 for t in times], width,
                color=rank_colour(rank), label=f"rank {rank}" + (" (slowest)" if rank == slowest else ""))
-    ax.plot([s + 0.4 - width / 2 for s in range(steps)], [max(c[s] for c in compute) * 1e3 for s in range(steps)],
-            "k_", markersize=30, label="the step (everyone waits for the slowest)")
-    ax.set(xlabel="step", ylabel="compute (ms)", xticks=[s + 0.4 - width / 2 for s in range(steps)],
+    centres = [s + 0.4 - width / 2 for s in range(steps)]
+    ax.plot(centres, [max(c[s] for c in compute) * 1e3 for s in range(steps)], "k_", markersize=30,
+            label="the step (everyone waits for the slowest)")
+    ax.set(xlabel="step", ylabel="compute (ms)", xticks=centres,
            xticklabels=list(range(steps)))
     ax.legend(fontsize=8)
     plt.tight_layout()

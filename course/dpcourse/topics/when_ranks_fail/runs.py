@@ -127,7 +127,8 @@ def raise_first_error(per_rank_reports, exercise):
     waited = [rank for rank, reports in enumerate(per_rank_reports) for r in reports if r.get("waited")]
     if waited:
         where, what = next(r["waited"] for reports in per_rank_reports for r in reports if r.get("waited"))
-        raise AssertionError(f"{where}: rank(s) {sorted(set(waited))} waited in vain for their peers ({what}): "
+        raise AssertionError(f"{where}: rank(s) {sorted(set(waited))} waited in vain for their peers "
+                             f"({what}): "
                              f"every rank must make the same collective calls in the same order")
 
 
@@ -165,7 +166,8 @@ def _second_half(learner, part):
     if fresh is not None:
         FORGET[forget](trainer, fresh)
     restored = {"step": trainer.step, "lr": trainer.optimizer.param_groups[0]["lr"],
-                "exp_avg": trainer.optimizer.exp_avg.clone(), "exp_avg_sq": trainer.optimizer.exp_avg_sq.clone(),
+                "exp_avg": trainer.optimizer.exp_avg.clone(),
+                "exp_avg_sq": trainer.optimizer.exp_avg_sq.clone(),
                 "opt_bounds": list(trainer.optimizer.bounds), "params": trainer.flat_parameters()}
     while trainer.step < part["job"]["steps"]:
         trainer.train_step()
@@ -208,14 +210,16 @@ def run_resume(learner, world_size, cases, *, exercise, resume_on=None, folder):
         if (resume_on or world_size) == world_size or "mismatch" not in str(error):
             raise
         raise AssertionError(f"{error} -- the checkpoint was written by {world_size} ranks and is loaded by "
-                             f"{resume_on}: a piece one rank saved does not fit another world size's piece, so the "
-                             f"optimizer state must be resharded (keep it as the optimizer's DTensors, and load "
+                             f"{resume_on}: a piece one rank saved does not fit another world size's "
+                             "piece, so the "
+                             "optimizer state must be resharded (keep it as the optimizer's DTensors, "
+                             "and load "
                              f"into the new trainer's own state_dict)") from None
     out = []
     for case_first, case_second in zip(first, second, strict=True):
         out.append({"first": [r["first"] for r in case_first],
-                    "uninterrupted": [r["uninterrupted"] for r in case_first] if "uninterrupted" in case_first[0]
-                    else None,
+                    "uninterrupted": ([r["uninterrupted"] for r in case_first]
+                                      if "uninterrupted" in case_first[0] else None),
                     "restored": [r["restored"] for r in case_second],
                     "resumed": [r["resumed"] for r in case_second],
                     "save_seconds": [r["save_seconds"] for r in case_first],
@@ -231,7 +235,8 @@ def _sampler_case(learner, part):
 
     cls, job, label = learner["sampler"], part["job"], part.get("label", part["name"])
     rank, world = dist.get_rank(), dist.get_world_size()
-    sampler = guarded(part["exercise"], label, cls, job["samples"], job["global_batch"], job["seed"], rank, world)
+    sampler = guarded(part["exercise"], label, cls, job["samples"], job["global_batch"], job["seed"], rank,
+                      world)
     before = [torch.as_tensor(guarded(part["exercise"], label, sampler.next_batch)).tolist()
               for _ in range(part["draws"])]
     state = guarded(part["exercise"], label, sampler.state_dict)
@@ -288,8 +293,8 @@ def checkpoints_in(folder):
     """{name: complete?} of the checkpoint folders (step-NNNNNN) in `folder`: complete = has .metadata."""
     if not os.path.isdir(folder):
         return {}
-    return {name: os.path.exists(os.path.join(folder, name, ".metadata")) for name in sorted(os.listdir(folder))
-            if os.path.isdir(os.path.join(folder, name))}
+    return {name: os.path.exists(os.path.join(folder, name, ".metadata"))
+            for name in sorted(os.listdir(folder)) if os.path.isdir(os.path.join(folder, name))}
 
 
 def tear(folder, name):
@@ -317,7 +322,8 @@ def run_restarts(train_job, world_size, case, *, exercise, folder, max_restarts=
         faults = [dict(k, kind="kill") for k in case.get("kills", ()) if k["attempt"] == attempt]
         started = time.perf_counter()
         try:
-            final = launch_parts(_attempt, train_job, world_size, [dict(case, faults=faults)], folder, exercise)[0]
+            final = launch_parts(_attempt, train_job, world_size, [dict(case, faults=faults)], folder,
+                                 exercise)[0]
         except AssertionError as error:
             torn = [name for name, complete in checkpoints_in(job_folder).items() if not complete]
             hint = (f" ({', '.join(torn)} has no .metadata: its writing was cut short, it is no checkpoint)"
@@ -336,7 +342,8 @@ def run_restarts(train_job, world_size, case, *, exercise, folder, max_restarts=
         unfired = [f for f in faults if f["step"] < case["job"]["steps"]]
         attempts.append({"killed": None, "checkpoints": checkpoints_in(job_folder), "unfired": unfired})
         return {"attempts": attempts, "final": final, "seconds": seconds}
-    raise AssertionError(f"{exercise} ({case.get('label', case['name'])}): still failing after {max_restarts} "
+    raise AssertionError(f"{exercise} ({case.get('label', case['name'])}): still failing after "
+                         f"{max_restarts} "
                          f"restarts")
 
 
@@ -367,8 +374,9 @@ def _heartbeat_case(learner, part):
 
 
 def run_heartbeats(heartbeat_cls, world_size, cases, *, exercise, folder, group_timeout=HANG_TIMEOUT):
-    """[case][rank] reports of `_heartbeat_case`: {"blamed": what blame() returned, "waited_at": [step, where]}
-    for the ranks that waited, {"stuck": ...} for the stuck rank, {"finished": True} when nothing hung.
+    """[case][rank] reports of `_heartbeat_case`: {"blamed": what blame() returned, "waited_at": [step,
+    where]} for the ranks that waited, {"stuck": ...} for the stuck rank, {"finished": True} when nothing
+    hung.
 
     One launch per case: a collective that timed out leaves its group unusable (under gloo its peers gave
     up on it; the grader's router, which matches a group's collectives by their order, still holds the
@@ -399,8 +407,10 @@ def _guarded_case(learner, part):
             skip = [r for r, d in enumerate(decisions) if not d[0]]
             take = [r for r, d in enumerate(decisions) if d[0]]
             return {**trainer.report(), "verdicts": verdicts, "found": found,
-                    "split": f"at step {trainer.step} rank(s) {skip} decided to skip the step and rank(s) {take} "
-                             f"to take it: the ranks would part ways (those that skip leave the others waiting in "
+                    "split": f"at step {trainer.step} rank(s) {skip} decided to skip the step and "
+                             f"rank(s) {take} "
+                             "to take it: the ranks would part ways (those that skip leave the others "
+                             "waiting in "
                              f"the gradient all-reduce) -- decide together (one all-reduce of a flag)"}
         if finite:
             trainer.sync_step()
@@ -409,7 +419,8 @@ def _guarded_case(learner, part):
         if trainer.step % part["every"] == 0:
             suspects = guarded(exercise, label, learner["diverged"], trainer.model)
             if not isinstance(suspects, (list, tuple)) or not all(isinstance(r, int) for r in suspects):
-                raise LearnerError(f"{exercise} ({label})", f"diverged_ranks returned {suspects!r}, expected a "
+                raise LearnerError(f"{exercise} ({label})", f"diverged_ranks returned {suspects!r}, "
+                                                            "expected a "
                                                             f"list of ranks")
             suspects = sorted(suspects)
             world = dist.get_world_size()

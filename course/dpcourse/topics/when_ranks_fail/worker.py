@@ -65,7 +65,8 @@ def main(argv=None):
     make_trainer = partial(Trainer, job, faults=kills_for(args.kill, rank, attempt))
     report = train_job(make_trainer, args.checkpoint_dir, args.interval)
     if rank == 0:
-        print(f"[attempt {attempt}, {dist.get_world_size()} workers] resumed from step {report.get('resumed_from')}, "
+        print(f"[attempt {attempt}, {dist.get_world_size()} workers] resumed from step "
+              f"{report.get('resumed_from')}, "
               f"final loss {report['losses'][args.steps - 1]!r}", flush=True)
         if args.out:
             torch.save({"attempt": attempt, "report": report}, args.out)
