@@ -141,8 +141,8 @@ def expect_global_batches(seen_by_step, job, first_step, what, world_sizes):
         sizes = [len(s) for s in per_rank]
         if any(size != job["global_batch"] // world for size in sizes):
             per = job["global_batch"] // world
-        raise AssertionError(f"{what}: at step {step} the {world} ranks trained on {sizes} samples; each "
-                             f"should take {job['global_batch']} / {world} = {per} of the global batch")
+            raise AssertionError(f"{what}: at step {step} the {world} ranks trained on {sizes} samples; each "
+                                 f"should take {job['global_batch']} / {world} = {per} of the global batch")
         got, expected = sorted(s for share in per_rank for s in share), sorted(stream[step])
         if got != expected:
             epoch_start = step - step % (job["samples"] // job["global_batch"])
