@@ -134,12 +134,16 @@ def export_function(fn, folder, module="my_training", header=HEADER):
     """Write fn's source (from the notebook cell) into folder/module.py, after the usual imports.
 
     torchrun starts fresh interpreters that cannot see a notebook's cells: the
-    function has to live in a file. Returns the file's path.
+    function has to live in a file. `fn` may be a list of functions (a function and
+    the ones it calls, notebook 14's restartable job): they are written in order.
+    Returns the file's path.
     """
-    source = textwrap.dedent(inspect.getsource(fn))
+    functions = fn if isinstance(fn, (list, tuple)) else [fn]
+    sources = [textwrap.dedent(inspect.getsource(f)) for f in functions]
     path = os.path.join(folder, f"{module}.py")
     with open(path, "w") as f:
-        f.write(header.format(function=fn.__name__) + "\n\n" + source)
+        f.write(header.format(function=", ".join(g.__name__ for g in functions)) + "\n\n"
+                + "\n\n".join(sources))
     return path
 
 

@@ -1,0 +1,1 @@
+"""The grader side of 14_when_ranks_fail."""
