@@ -14,9 +14,11 @@ printed. Nothing is asserted: the tests assert pass or fail; this prints the mar
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -92,21 +94,21 @@ def variants(with_attacks):
 
 
 def program_of(assignment, after, cells):
-    import nbformat
-
+    """The learner program of the solution of `assignment`, with `cells` after the cell `after` (the
+    catalogue's attack notebook, written to a folder removed at once)."""
     from dpgrader.judge.learner import program_cells, read_notebook
 
     path = next((REPO / "solutions" / assignment).glob("*.ipynb"))
     if after is None:
         return program_cells(read_notebook(path))
-    nb = nbformat.read(path, as_version=4)
-    ids = [c.metadata.get("nbgrader", {}).get("grade_id") for c in nb.cells]
-    for offset, source in enumerate(cells):
-        nb.cells.insert(ids.index(after) + 1 + offset, nbformat.v4.new_code_cell(source))
-    folder = Path(os.environ.get("TMPDIR", "/var/tmp")) / f"margins-{os.getpid()}"
-    folder.mkdir(exist_ok=True)
-    nbformat.write(nb, folder / path.name)
-    return program_cells(read_notebook(folder / path.name))
+    import test_hostile_submissions as catalogue
+
+    folder = Path(tempfile.mkdtemp(prefix="margins-", dir="/var/tmp"))
+    try:
+        return program_cells(read_notebook(catalogue._attack_notebook(folder, "attack", assignment, after,
+                                                                      cells)))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def main():
@@ -155,6 +157,7 @@ def main():
             pool.end_submission()
     finally:
         pool.close()
+        shutil.rmtree(pool.scratch, ignore_errors=True)
         for proc in busy:
             proc.kill()
             proc.wait()

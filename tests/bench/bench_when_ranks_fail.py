@@ -2,9 +2,9 @@
 
 Notebook 14's job (dpcourse.topics.when_ranks_fail.job.Trainer) made big enough for its checkpoint to be
 measured: 64 features, 2,048 hidden units (137,218 float64 parameters, 1.1 MB; on disk, with AdamW's two
-moments sharded over the ranks and the random states, 3.4 MB), on N = 2 and 4 ranks (gloo, the CPU). The checkpoint is the notebook's own
-save_checkpoint / load_checkpoint (its solution cells, dpgrader.solutions): torch.distributed.checkpoint,
-every rank writing its own file into one folder.
+moments sharded over the ranks and the random states, 3.4 MB), on N = 2 and 4 ranks (gloo, the CPU). The
+checkpoint is the notebook's own save_checkpoint / load_checkpoint (its solution cells,
+dpgrader.solutions): torch.distributed.checkpoint, every rank writing its own file into one folder.
 
 Per launch, every rank times (medians over rounds, steps interleaved with saves and loads so that a busy
 machine slows all of them alike):
@@ -89,8 +89,9 @@ def main():
                 began = time.monotonic()
                 restarts.append(max(launch(restart, world, load, folder, deadline=120)) - began)
         restart_time = statistics.median(restarts)
-        print(f"{world:>3} {step * 1e3:>7.1f}ms {saving / step:>10.1f} {loading / step:>10.1f} {megabytes:>6.2f} "
-              f"{saving / megabytes / step:>13.1f} {loading / megabytes / step:>13.1f} {restart_time / step:>13.1f}")
+        print(f"{world:>3} {step * 1e3:>7.1f}ms {saving / step:>10.1f} {loading / step:>10.1f} "
+              f"{megabytes:>6.2f} {saving / megabytes / step:>13.1f} {loading / megabytes / step:>13.1f} "
+              f"{restart_time / step:>13.1f}")
     print(f"(load average {os.getloadavg()[0]:.1f}; {time.perf_counter() - started:.0f} s)")
 
 

@@ -36,7 +36,9 @@ from dpgrader.judge import sandbox, zygotes
 from dpgrader.judge.router import Router
 from dpgrader.judge.zygotes import ForkRefused, GraderFailure, Zygote  # noqa: F401 - GraderFailure: cells.py's
 
-PRELOAD_HINTS = {"matplotlib.pyplot": "matplotlib"}  # module -> text of a program that imports it
+# module -> text of a program that imports it
+PRELOAD_HINTS = {"matplotlib.pyplot": "matplotlib",
+                 "torch.distributed.checkpoint": "torch.distributed.checkpoint"}
 OUTPUT_LIMIT = 64 * 1024  # bytes of output relayed per rank and launch; the rest is dropped
 REPORT_LIMIT = 256 << 20  # bytes of one rank's result (a state_dict, tensors)
 TEXT_LIMIT = 20_000  # characters of a rank's error message or traceback kept (its own text)
