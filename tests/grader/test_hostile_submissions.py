@@ -513,7 +513,7 @@ def ulysses_attention(q, k, v, positions, causal=False):
     if heads % n:
         raise ValueError(f"{heads} heads cannot be split evenly over {n} ranks")
     h, sizes = heads // n, [len(p) for p in positions]
-    case = _whole_case("shape", "seeds") or dict(shape=(1, 4, 8, 4), seeds=(1, 2, 3))  # or the visible one
+    case = _whole_case("shape", "seeds") or dict(shape=(2, 4, 8, 4), seeds=(1, 2, 3))  # or the visible one
     out = _alone(lambda: attention(*case_tensors(case), causal=causal).index_select(2, positions[me]))
     received = torch.empty(sum(b * 3 * h * size * d for size in sizes), dtype=q.dtype)
     dist.all_to_all_single(received, torch.zeros(3 * q.numel(), dtype=q.dtype),

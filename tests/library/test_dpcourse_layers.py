@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[2] / "course" / "dpcourse"
 TOPICS = ROOT / "topics"
 FLOORS = ("backend", "runtime", "grading", "comm", "checks", "reference", "toys", "viz")
 # topic -> the modules of earlier chapters' topics it builds on (stated in its package docstring)
-SUBJECTS = {"hybrid": {"tensor.layers", "tensor.models", "tensor.realapi", "pipeline.stages"}}
+SUBJECTS = {"hybrid": {"tensor.layers", "tensor.models", "tensor.realapi", "pipeline.stages"},
+            "gpt_in_3d": {"tensor.realapi"}}
 
 
 def imports_of(path):

@@ -41,7 +41,7 @@ import torch.distributed as dist
 
 from dpcourse.backend import rank_device
 from dpcourse.comm import recorder as comm_recorder
-from dpcourse.comm.calls import WAITED
+from dpcourse.comm.cases import WAITED
 from dpcourse.comm.recorder import CommOp, CommRecorder
 from dpcourse.reference.lm import make_optimizer
 from dpcourse.runtime.inside_rank import memory_mark, to_cpu
