@@ -113,6 +113,27 @@ def take_submissions(root, into, students=None):
     return found, refused
 
 
+def submitted_assignments(root, students=None):
+    """The names of the assignments in submitted/<student>/ (of `students`, else everyone's) that
+    solutions/ holds: what a run will time before it grades. Names only, read without following a
+    link (a student's link is refused later, by take_submissions)."""
+    submitted, names = root / "autograder" / "submitted", set()
+    try:
+        with os.scandir(submitted) as entries:
+            folders = [e for e in entries if e.is_dir(follow_symlinks=False) and not e.name.startswith(".")]
+    except OSError:
+        return []
+    for student in folders:
+        if students and student.name not in students:
+            continue
+        try:
+            with os.scandir(student.path) as entries:
+                names |= {e.name for e in entries if e.is_dir(follow_symlinks=False)}
+        except OSError:
+            continue
+    return sorted(n for n in names if not n.startswith(".") and (root / "solutions" / n).is_dir())
+
+
 def _why_not_a_folder(error):
     import errno
 

@@ -179,8 +179,7 @@ def main(argv=None):
     known, _ = parser.parse_known_args(argv)
     root = autograde.course_root()
     try:
-        subs = [s for s in autograde.submissions(root) if not known.student or s[0] in known.student]
-        assignments = sorted({a for _, a, _ in subs if (root / "solutions" / a).is_dir()})
+        assignments = autograde.submitted_assignments(root, known.student)
         time_solutions_saying_so(autograde, root, assignments, known.jobs)
     except AttributeError as exc:  # autograde.py changed its helpers: it then times them itself, silently
         print(f"(not timing the solutions beforehand: {exc})", flush=True)

@@ -72,6 +72,8 @@ UNSTABLE = {
     # both ranks' backward returns a gradient of the wrong shape at once; which one the launcher names varies
     ("08_tensor_parallelism", "gather_backward_returns_the_whole_gradient", "test_gather_from_tp_basic"):
         "message",
+    # rank 2 sleeps, ranks 0 and 1 do not: which of the two is faster (the one this bug names) varies
+    ("14_when_ranks_fail", "the_fastest_rank_named", "test_straggler_report_basic"): "message",
 }
 
 

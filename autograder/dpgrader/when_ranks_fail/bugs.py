@@ -141,8 +141,8 @@ BUGS = [
                ('            places.append(((record["step"], PHASES.index(record["where"])), rank, record["step"], '
                 'record["where"]))',
                 '            places.append(((record["time"],), rank, record["step"], record["where"]))')],
-        loses={"test_heartbeat_cases": "not how recently or how often"},
-        keeps=["test_heartbeat_basic"]),
+        # not test_heartbeat_basic: there the stuck rank's last beat is usually, not always, the oldest
+        loses={"test_heartbeat_cases": "not how recently or how often"}),
     Bug("heartbeat", "blames_the_rank_that_beat_least",
         patch=[("        self.folder, self.rank, self.world_size = folder, dist.get_rank(), dist.get_world_size()",
                 "        self.folder, self.rank, self.world_size = folder, dist.get_rank(), dist.get_world_size()\n"
@@ -165,7 +165,7 @@ BUGS = [
         loses={"test_heartbeat_basic": "not where the others waited"}),
     Bug("heartbeat", "ranks_without_a_record_ignored",
         patch=[('                places.append(((-1, -1), rank, None, "before its first heartbeat"))\n', "")],
-        loses={"test_heartbeat_cases": "blamed rank"},
+        loses={"test_heartbeat_cases": "stuck before its first heartbeat"},
         keeps=["test_heartbeat_basic"]),
 
     # -- diverged_ranks / grads_finite_everywhere -----------------------------------------------------------
