@@ -58,6 +58,9 @@ from .steps import (
     until,
 )
 
+# both classes make the same system users (conftest.STUDENTS): never two at once
+pytestmark = pytest.mark.xdist_group("hub_class")
+
 ASSIGNMENT = NOTEBOOK = "00_orientation"
 STUB = "raise NotImplementedError()"
 # never in feedback (the solution's markers: what a collected link to the solutions would bring)
