@@ -149,8 +149,9 @@ def judge_one(worker, student, assignment, notebook, root, verdicts_dir, budget=
 
     try:
         read_notebook(notebook)
-    except GradingError as exc:
-        return {"error": str(exc)}
+    except GradingError as exc:  # named as the instructor knows it: in submitted/, not in this run's copy
+        shown = root / "autograder" / "submitted" / student / assignment / notebook.name
+        return {"error": str(exc).replace(str(notebook), str(shown))}
     seconds, why = budget or (None, "")
     verdicts = worker.judge(source_notebook(root, assignment), notebook, owner=student, budget=seconds,
                             budget_why=why, timeout=min(PER_SUBMISSION_TIMEOUT, (seconds or 1e9) + 120))

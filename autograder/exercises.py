@@ -20,6 +20,12 @@ its chapter's grader package autograder/dpgrader/<chapter>/, and the dpcourse to
   demos            the dpcourse modules the demo cells after it use (its widgets and pictures)
 
 All of it is read from the files as text (ast), nothing is imported: the index needs no torch.
+
+    python autograder/exercises.py --files ring_all_reduce   # every file that holds a part of it
+
+`files_of(key)` answers that from the index and the files: its notebook (solution and released), its
+chapter's grader files, the dpcourse modules its test cells, demos and hidden checks use, and the test
+files whose markers name it (tests/markers.py: `exercise("<key>")`) or that grade it.
 """
 
 import argparse
@@ -226,10 +232,73 @@ def rendered():
     return text, f"{head}{START}\n{readme_table(index)}\n{END}{tail}"
 
 
+MARKED = re.compile(r"exercise(?:_param)?\(([^)]*)\)")
+
+
+def _module_file(module):
+    """The source file of a dpcourse or dpgrader module, or None."""
+    parts = module.split(".")
+    base = REPO / "course" if parts[0] == "dpcourse" else AUTOGRADER
+    for candidate in (base.joinpath(*parts).with_suffix(".py"), base.joinpath(*parts, "__init__.py")):
+        if candidate.exists():
+            return candidate
+    return None
+
+
+def _imported_modules(path):
+    """The dpcourse and dpgrader modules a source file imports (read, not imported)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in ("dpcourse", "dpgrader"):
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] in ("dpcourse", "dpgrader")}
+    return found
+
+
+def marked_tests(key):
+    """Test files whose markers name the exercise (`exercise("<key>", ...)`), and the grading test."""
+    found = [REPO / "tests" / "grader" / "test_grading.py"]  # grades every exercise (exercise_param)
+    for path in sorted((REPO / "tests").rglob("*.py")):
+        if path.name == "markers.py" or path in found:
+            continue
+        text = path.read_text(errors="replace")
+        if any(re.search(rf"[\"']{re.escape(key)}[\"']", args) for args in MARKED.findall(text)):
+            found.append(path)
+    return found
+
+
+def files_of(key, index=None):
+    """Every file that holds a part of exercise `key`, relative to the repository: {what: [paths]}."""
+    index = index or json.loads(INDEX.read_text())
+    entry = next((e for e in index if e["solution"] == key), None)
+    if entry is None:
+        raise KeyError(f"no exercise {key!r} in {INDEX.relative_to(REPO)}")
+    notebook = REPO / entry["notebook"]
+    grader = REPO / entry["grader"]
+    checks = sorted({_module_file(c.rsplit(".", 1)[0]) for c in entry.get("hidden_checks") or []} - {None})
+    behind_checks = {m for path in checks for m in _imported_modules(path) if m.startswith("dpcourse.")}
+    modules = sorted(set(entry.get("helpers") or []) | set(entry.get("demos") or []) | behind_checks)
+    files = {
+        "notebook": [notebook, REPO / "course" / notebook.parent.name / notebook.name],
+        "grader": [grader / name for name in ("checks.py", "bugs.py", "expected_grades.json", "tuned.py")
+                   if (grader / name).exists() and (name != "tuned.py" or entry.get("tuned"))],
+        "hidden checks": checks,
+        "dpcourse": [f for f in map(_module_file, modules) if f is not None],
+        "tests": marked_tests(key),
+    }
+    return {what: [str(Path(p).relative_to(REPO)) for p in paths] for what, paths in files.items()}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="only check that both are fresh")
+    parser.add_argument("--files", metavar="KEY", help="list every file that holds a part of exercise KEY")
     args = parser.parse_args(argv)
+    if args.files:
+        for what, paths in files_of(args.files).items():
+            print(f"{what}:" + "".join(f"\n  {p}" for p in paths))
+        return 0
     index_text, readme_text = rendered()
     if args.check:
         stale = [p.name for p, text in ((INDEX, index_text), (README, readme_text))

@@ -7,7 +7,7 @@
 While graded, the judge sends each rank `for_rank((fn, args, kwargs), rank)`: its own per_rank values and
 what every rank gets alike (dpgrader.judge.ranks.RankPool.launch). This records exactly that, names the
 module that called `launch`, and then launches here as a notebook would. Used by
-tests/library/test_comm_cases.py and tests/grader/test_own_parts.py.
+tests/library/test_comm_cases.py.
 """
 
 import inspect

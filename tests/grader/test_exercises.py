@@ -124,3 +124,26 @@ def test_every_code_exercise_selects_tests_besides_its_grading(tmp_path):
     assert not stale, f"ONLY_GRADED lists exercises whose key selects more than their grading test: {stale}"
     unknown = sorted(set(ONLY_GRADED) - set(keys))
     assert not unknown, f"ONLY_GRADED names no code exercise of autograder/exercises.json: {unknown}"
+
+
+def test_a_maintainer_finds_every_file_of_an_exercise_by_its_key():
+    """`python autograder/exercises.py --files <key>` (exercises.files_of): for every code exercise, its two
+    notebooks, its chapter's checks and bugs, the dpcourse modules it uses and its tests, all existing."""
+    sys.path.insert(0, str(REPO / "autograder"))
+    from exercises import files_of
+
+    problems = []
+    for e in CODE:
+        key, grader = e["solution"], e["grader"]
+        files = files_of(key, INDEX)
+        listed = [p for paths in files.values() for p in paths]
+        problems += [f"{key}: {p} is listed but does not exist" for p in listed if not (REPO / p).exists()]
+        wanted = [e["notebook"], f"course/{e['notebook'].split('/', 1)[1]}", f"{grader}checks.py",
+                  f"{grader}bugs.py", "tests/grader/test_grading.py"]
+        problems += [f"{key}: {p} is not listed" for p in wanted if p not in listed]
+        problems += [f"{key}: no dpcourse module listed" for _ in [1] if not files["dpcourse"]]
+    # a known case, by hand: the ring's library tests and its widget's browser test
+    ring = files_of("ring_all_reduce", INDEX)["tests"]
+    problems += [f"ring_all_reduce: {p} is not listed" for p in ("tests/library/test_topics_ringtrace.py",
+                 "tests/grader/test_tuned_ring.py") if p not in ring]
+    assert not problems, "\n".join(problems)

@@ -22,8 +22,8 @@ import nbformat
 import pytest
 
 from conftest import REPO, descendants_of
-from dpgrader.chapters import chapter_of
 from dpgrader.planted import solution_code
+from markers import assignment_param, chapter, exercise
 
 pytestmark = pytest.mark.slow
 JUDGE = [sys.executable, "-m", "dpgrader.judge"]
@@ -112,6 +112,7 @@ def global_mean(x):
 '''
 
 
+@exercise("my_slice", "global_mean")
 def test_patched_checks_lookalike_results_and_stolen_solutions_score_what_the_code_computes(tmp_path):
     base = "course"
     attacks = {
@@ -152,6 +153,7 @@ SMUGGLED = {
 }
 
 
+@exercise("ring_reduce_scatter")
 def test_collectives_smuggled_past_the_point_to_point_rule_fail(tmp_path):
     paths = {}
     for name, body in SMUGGLED.items():
@@ -166,6 +168,7 @@ def test_collectives_smuggled_past_the_point_to_point_rule_fail(tmp_path):
         assert "called the collective `all_reduce`" in message, (name, message)
 
 
+@exercise("ring_all_reduce")
 def test_a_ring_that_sends_too_little_fails_on_its_traffic(tmp_path):
     """Each rank passes its chunks on only once around (N-1 messages for an all-reduce): the old byte
     check was an upper bound only; the router counts exactly 2(N-1)."""
@@ -220,6 +223,7 @@ def _with_extra_cell(path, source):
     return path
 
 
+@chapter("orientation")
 def test_a_class_with_hostile_submissions_is_graded_honestly_and_completely(tmp_path, no_orphans):
     root = tmp_path / "course"
     shutil.copytree(REPO / "solutions" / "00_orientation", root / "solutions" / "00_orientation")
@@ -248,6 +252,8 @@ def test_a_class_with_hostile_submissions_is_graded_honestly_and_completely(tmp_
     report = proc.stdout + proc.stderr
     assert proc.returncode == 1, report[-3000:]  # one submission could not be graded, and says so
     assert "truncated/00_orientation" in report and "not a readable notebook" in report, report[-3000:]
+    assert "submitted/truncated/00_orientation/" in report and "/.judged/" not in report, \
+        f"the unreadable notebook is not named where the instructor finds it: {report[-3000:]}"
     assert elapsed < 600, f"the class took {elapsed:.0f} s"
     with open(root / "autograder" / "grades.csv") as f:
         scores = {row["student_id"]: float(row["raw_score"]) for row in csv.DictReader(f)}
@@ -298,6 +304,7 @@ def global_mean(x):
 '''
 
 
+@chapter("orientation")
 def test_a_forged_stack_dump_and_the_environment_leak_nothing(tmp_path, monkeypatch):
     """A rank's dump names /etc/shadow, a root-only file and the solutions: the grader quotes none of
     them (it opens no path a rank names); a secret in the grader's environment never reaches a rank."""
@@ -338,6 +345,8 @@ def test_a_forged_stack_dump_and_the_environment_leak_nothing(tmp_path, monkeypa
     assert "my environment" in told and "PYTHONPATH" in told, told  # the rank did print its environment
 
 
+@chapter("orientation", "collectives", "ring_allreduce", "pipeline_parallelism", "tensor_parallelism",
+         "hybrid_parallelism", "zero_and_fsdp", "less_communication", "sequence_and_experts")
 def test_the_graders_source_lines_come_from_the_notebook_and_never_from_a_file(tmp_path):
     """Unit: the failure report of a stuck rank, with the grader's source (RankPool.source_line) and with
     linecache (a notebook's, where the ranks are the learner's own): only the latter opens files."""
@@ -770,7 +779,7 @@ REPLAYED = {
 }
 
 
-@pytest.mark.parametrize("assignment", sorted(ORACLES), ids=chapter_of)
+@pytest.mark.parametrize("assignment", [assignment_param(a) for a in sorted(ORACLES)])
 def test_a_rank_that_reads_its_peers_inputs_from_its_callers_and_sends_zeros_loses(assignment, tmp_path):
     """The frame oracle (FRAME_ORACLE) against every chapter with point-to-point or collective exercises:
     each rank is sent its own part only (dpcourse.comm.cases), so the answer it computes alone is wrong, or
@@ -801,6 +810,7 @@ class MiniFSDP(_FSDPBase):
 '''
 
 
+@exercise("sharded_optimizer", "mini_fsdp")
 def test_hidden_full_copies_lose_the_memory_cells_of_notebook_10(tmp_path):
     """ZeRO's 1/N is measured from outside the learner's objects: a ShardedOptimizer keeping a full copy
     of the parameters and a MiniFSDP keeping a replica in a list lose their cells, saying how much more
@@ -826,6 +836,7 @@ def test_hidden_full_copies_lose_the_memory_cells_of_notebook_10(tmp_path):
 # files only; memory hidden in shared mappings and tmpfs counts; ranks do not see each other's
 # processes; only signals from outside the learner's code say a submission was starved.
 
+@chapter("orientation", "pipeline_parallelism", "zero_and_fsdp")
 def test_links_fifos_and_hard_links_in_submitted_are_refused_and_listed(tmp_path, no_orphans):
     """`make autograde` reads submitted/ through dpgrader.safe_copy: bob's notebook is a link to the
     instructor's solution, carol's a hard link to a file that is not hers, dave's folder holds a link and
@@ -1014,7 +1025,7 @@ def _attack_notebook(folder, name, assignment, after, cells):
     return path
 
 
-@pytest.mark.parametrize("assignment", sorted(MEMORY_CELLS))
+@pytest.mark.parametrize("assignment", [assignment_param(a) for a in sorted(MEMORY_CELLS)])
 def test_memory_hidden_in_shared_mappings_tmpfs_memfds_and_helpers_loses_the_memory_cells(
         assignment, tmp_path, no_orphans):
     """A full copy kept where RssAnon does not look -- a shared mapping of an unlinked file in the rank's
@@ -1048,6 +1059,7 @@ def my_slice(data):
 '''
 
 
+@chapter("orientation")
 def test_a_cell_that_says_it_was_starved_is_its_own_failure_judged_once(tmp_path, no_orphans):
     """Starvation is known from outside signals only (a fork of a rank refused, the OOM killer, a judge
     killed from outside): carol's my_slice raises "can't start new thread" itself. Her my_slice cells

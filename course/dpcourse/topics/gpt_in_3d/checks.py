@@ -417,21 +417,33 @@ def expect_steps(got_steps, reference, first, where, dtype=torch.float64):
                 ratio = f" ({got[key] / want:.3g}x)" if want else ""
                 raise AssertionError(f"{where}: step {step}'s {name} is {got[key]:.10g}, expected "
                                      f"{want:.10g}{ratio}"
-                                     f"{hint(got, want, step)}")
+                                     f"{hint(got, want, step, k)}")
 
 
-def _LOSS_HINT(got, want, step):
+# Each hint is chosen by what was right before it: steps are checked in order, and within a step its loss
+# before its gradient norm. A first step's wrong loss is the loss itself; a later step's wrong loss, after a
+# right loss and norm, is the update between them; a wrong norm after a right loss of the same step is that
+# step's gradient.
+
+def _LOSS_HINT(got, want, step, k):
+    if k:
+        return (f" -- step {step - 1}'s loss and gradient norm were right, so its update was not: clip the "
+                f"gradients with that norm before optimizer.step() (clip_grads_with_norm_), then step the "
+                f"optimizer and the schedule once each")
     return (" -- the loss of the step is the mean over the global batch: the last stage's mean of its "
             "micro-batches, sent to every stage (over pp), averaged over dp (not over the whole world)")
 
 
-def _NORM_HINT(got, want, step):
+def _NORM_HINT(got, want, step, k):
+    if k:
+        return (f" -- this step's loss is right, its gradient is not: are step {step - 1}'s gradients still "
+                f"in .grad (optimizer.zero_grad() once per step, before the backward)?")
     return (" -- clip by the norm of the whole model's gradient: every rank's pieces over tp and dp (a "
             "DTensor "
             "norm's full_tensor()) and every stage's (summed squares over pp), the same number on every rank")
 
 
-def _LR_HINT(got, want, step):
+def _LR_HINT(got, want, step, k):
     return " -- step the learning-rate schedule once per step, after the optimizer"
 
 

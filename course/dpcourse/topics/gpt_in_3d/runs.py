@@ -90,6 +90,27 @@ def run_cases(kind, learner, world_size, cases, *, exercise, group_timeout=TIMEO
     return reports
 
 
+# What torch's own error means in a case of this kind: (kind, text in the error, the cause in the learner's
+# terms)
+DIAGNOSES = [
+    ("block", "must match the size of tensor",
+     " -- the shapes inside the block do not fit together: the plan's layouts must chain (q, k, v and fc1 "
+     "ColwiseParallel: whole heads and features per rank; proj and fc2 RowwiseParallel(output_layouts="
+     "Shard(1)): their partial sums scattered back along the sequence, as the residual stream is)"),
+    ("pipeline", "IndexError",
+     " -- a stage's index is this rank's place on the pp dimension (pp_mesh.get_local_rank()), not a "
+     "function of its world rank: a (dp, pp, tp) layout has dp x tp pipelines of pp stages each"),
+    ("pipeline", "cannot be larger than number of stages",
+     " -- a PipelineStage's group is its own pipeline's (group=pp_mesh.get_group()); without one it is "
+     "the whole world, every pipeline at once"),
+]
+
+
+def diagnosis(kind, error):
+    """The cause DIAGNOSES names for torch's error text in a case of `kind`, or ""."""
+    return next((said for k, text, said in DIAGNOSES if k == kind and text in error), "")
+
+
 ADVICE = {
     "checkpoint": (" -- dcp.save and dcp.load are collectives: every rank calls them, with the state_dicts "
                    "that "
@@ -110,7 +131,8 @@ def raise_first_failure(per_rank_reports, cases, exercise, advice=""):
         errors = [(rank, r["error"]) for rank, r in enumerate(reports) if r.get("error")]
         if errors:
             rank, (where, what) = errors[0]
-            raise AssertionError(f"{where} raised on rank {rank} ({label}){advice}: {what}")
+            said = diagnosis(case["kind"], what) or advice
+            raise AssertionError(f"{where} raised on rank {rank} ({label}){said}: {what}")
         waited = [rank for rank, r in enumerate(reports) if r.get("waited")]
         if waited:
             raise AssertionError(

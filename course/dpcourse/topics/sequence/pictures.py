@@ -1,6 +1,6 @@
 """Pictures of notebook 12: your ring of K/V blocks step by step, the causal work per rank, bytes.
 
-    replay = RingReplay(runs, case)          # runs: run_attention_cases(ring_attention, 4, [case])[0]
+    replay = RingAttentionReplay(runs, case)          # runs: run_attention_cases(ring_attention, 4, [case])[0]
     ring_explorer(runs, case)                # a slider over the steps
     plot_causal_work({"contiguous": runs_c, "balanced": runs_b}, cases)
     print_bytes_table(rows)
@@ -20,7 +20,7 @@ from dpcourse.viz import colours
 from dpcourse.viz.widgets import explorer
 
 
-class RingReplay:
+class RingAttentionReplay:
     """The steps of a recorded ring: the block each rank holds at each step and the messages sent."""
 
     def __init__(self, runs, case):
@@ -107,11 +107,11 @@ def _rgb(colour):
 
 
 def ring_explorer(runs, case, step=0):
-    """A slider over the steps of your recorded ring (see RingReplay)."""
+    """A slider over the steps of your recorded ring (see RingAttentionReplay)."""
     import ipywidgets as widgets
     import matplotlib.pyplot as plt
 
-    replay = RingReplay(runs, case)
+    replay = RingAttentionReplay(runs, case)
 
     def draw(step):
         replay.draw(step)

@@ -328,6 +328,9 @@ def run_restarts(train_job, world_size, case, *, exercise, folder, max_restarts=
             torn = [name for name, complete in checkpoints_in(job_folder).items() if not complete]
             hint = (f" ({', '.join(torn)} has no .metadata: its writing was cut short, it is no checkpoint)"
                     if torn else "")
+            if "called different collectives" in str(error):
+                hint += (" -- every rank calls dcp.save, a collective, at the same steps: a save that some "
+                         "ranks skip meets the others' next collective, and never completes")
             raise AssertionError(f"attempt {attempt}: {error}{hint}") from None
         except LaunchError as error:
             seconds.append(time.perf_counter() - started)
