@@ -15,10 +15,13 @@ still regular, still theirs, one link). A symbolic link, a hard link (someone el
 elsewhere), a FIFO, a socket or a device is refused, with the reason, and nothing of that submission is
 copied: a submission is taken whole or not at all.
 
-The small interface (problems, copy_tree, Refused) stands in for the grader's own safe copy of student
-files (autograder/dpgrader, issue 28's judge side) until it lands; the hub's collect and fetch-feedback
-(hub/config/*/nbgrader_config.py) use it. It lives in hub/config/ because setup_class.py copies that
-folder where every server of the class can read it (hub/ itself is closed to students).
+The hub's collect and fetch-feedback (hub/config/*/nbgrader_config.py) use it. The grader has its own
+copier with the same rules (autograder/dpgrader/safe_copy.py, for `make autograde` and `make grade`), and
+the two are kept apart on purpose: this one runs in every student's server (fetch-feedback), which may
+not read autograder/, so it lives in hub/config/, which setup_class.py copies where every server of the
+class can read it (hub/ itself is closed to students); and a collect takes a submission whole or not at
+all (the student's previous real submission is then kept), where autograde keeps a submission's other
+regular files and lists what it left out.
 """
 
 import os

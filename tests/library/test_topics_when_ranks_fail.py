@@ -140,6 +140,9 @@ def test_the_fault_catalogue_leaves_no_process_port_or_file(tmp_path, monkeypatc
     private = tmp_path / "tmp"
     private.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(private))
+    # torch's compiler cache (torchinductor_<user>, made under the temporary folder by torch's own
+    # imports) is torch's, not the chapter's: kept apart, wherever this test runs first in its process
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor-cache"))
     sockets = _socket_fds()
     job = make_job(steps=4)
     with tempfile.TemporaryDirectory() as folder:

@@ -492,9 +492,15 @@ def _exited(r, status):
 
 
 def _failure(ranks, selector, deadline, group_timeout, source=None):
-    """Collect the stacks of the ranks still running, kill everything, explain."""
+    """Collect the stacks of the ranks still running, kill everything, explain.
+
+    A rank that died on its own (killed, crashed) while a peer's report of the lost connection came first
+    is reaped before and after the stacks are asked for: it exited, it is not one the launcher stopped."""
+    _reap(ranks)
     alive = [r for r in ranks if r.alive and r.report is None]
     _await_stacks(alive, selector, DUMP_WAIT)
+    _reap(ranks)
+    alive = [r for r in alive if r.alive and r.report is None]
     kill_and_reap(ranks)
     _pump_until_closed(selector, limit=0.5)
     _flush_partial_lines(ranks)
