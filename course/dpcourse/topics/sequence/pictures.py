@@ -1,6 +1,6 @@
 """Pictures of notebook 12: your ring of K/V blocks step by step, the causal work per rank, bytes.
 
-    replay = RingAttentionReplay(runs, case)          # runs: run_attention_cases(ring_attention, 4, [case])[0]
+    replay = RingAttentionReplay(runs, case)   # runs: run_attention_cases(ring_attention, 4, [case])[0]
     ring_explorer(runs, case)                # a slider over the steps
     plot_causal_work({"contiguous": runs_c, "balanced": runs_b}, cases)
     print_bytes_table(rows)
