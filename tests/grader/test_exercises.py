@@ -70,7 +70,6 @@ def test_every_tuned_version_named_in_the_index_exists():
 # Code exercises whose key selects nothing but their grading test (test_grading.py's
 # test_exercise_graded[<key>]), each with why: the list is reviewed, and shrinks as their tests come.
 ONLY_GRADED = {
-    "global_mean": "its test cells use only shared checks (checks.ranks); no tuned version or widget",
     "ring_shift": "its checks (topics.collectives.checks.expect_from, expect_new_tensor, "
                   "expect_unchanged) have no library test",
     "naive_all_reduce": "expect_same_bits has no library test; the bench's naive all-reduce "
