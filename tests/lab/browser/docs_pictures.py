@@ -1,7 +1,7 @@
 """Refresh the README's pictures (docs/*.png) from the browser tests' latest screenshots.
 
     .venv/bin/python -m pytest tests/lab/browser tests/hub  # browser-screenshots/<test>/NN-<step>.png
-    .venv/bin/python tests/lab/browser/docs_pictures.py     # five of them into docs/, trimmed and small
+    .venv/bin/python tests/lab/browser/docs_pictures.py     # six of them into docs/, trimmed and small
     .venv/bin/python tests/lab/browser/docs_pictures.py hub-feedback.png   # only the ones named
 
 The committed pictures are for visitors of the repository only: no test compares against them, so a
@@ -24,6 +24,7 @@ PICTURES = {
     "formgrader.png": ("test_formgrader_lists_the_assignments_and_shows_the_scores", "formgrader"),
     "hub-assignments.png": ("test_a_class_on_jupyterhub_from_release_to_feedback", "assignments-tab"),
     "hub-feedback.png": ("test_a_class_on_jupyterhub_from_release_to_feedback", "feedback"),
+    "class-report.png": ("test_a_class_on_jupyterhub_from_release_to_feedback", "class-report"),
 }
 MARGIN = 12  # pixels of background kept around the trimmed content
 COLOURS = 64  # a palette this size keeps text and the course's pictures crisp at a fraction of the bytes
