@@ -120,11 +120,11 @@ def calibrate(world_size=8, repeats=5, small=64, large=16 << 20):
     matmul = sorted(r[0] for r in results)[len(results) // 2]
     t_small = sorted(r[1][0] for r in results)[len(results) // 2]
     t_large = sorted(r[1][1] for r in results)[len(results) // 2]
-    steps = 2 * (world_size - 1)
+    steps, sent = ring_traffic(large, world_size)
     alpha = t_small / steps
     # the large all-reduce's time beyond its latency is its bytes at beta (at least half its time: a latency
     # measured on a loaded machine can exceed what the large one's steps waited)
-    beta = (2 * (world_size - 1) / world_size * large) / max(t_large - steps * alpha, t_large / 2)
+    beta = sent / max(t_large - steps * alpha, t_large / 2)
     return dict(nodes=1, per_node=world_size, flops=2 * 256 ** 3 / matmul, memory=float("inf"),
                 beta_intra=beta, beta_inter=beta, alpha=alpha, bytes_per_value=4, state_bytes=12,
                 fused_attention=False)

@@ -149,7 +149,7 @@ def _attach_ops(per_rank_reports, traffic, exercise):
     the same calls (the rank's recorded sequence must be the router's, op for op: every call goes through
     torch.distributed where the recorder sees it)."""
     for rank, reports in enumerate(per_rank_reports):
-        recorded = [[CommOp(*row) for row in r.get("ops") or ()] for r in reports]
+        recorded = [[CommOp.from_row(row) for row in r.get("ops") or ()] for r in reports]
         if traffic is not None:
             routed = list(traffic[rank])
             flat = [o for ops in recorded for o in ops]
@@ -369,7 +369,7 @@ def _failure(exc, exercise):
 
 
 def _plain_ops(ops):
-    return [[o.op, o.peer, o.nbytes, o.start, o.end, list(o.group) if o.group else None] for o in ops]
+    return [o.row() for o in ops]
 
 
 def _config(part):

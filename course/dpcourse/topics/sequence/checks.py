@@ -31,7 +31,7 @@ from dpcourse.checks.tensors import (
     expect_tensor,
 )
 from dpcourse.comm.cases import members_of
-from dpcourse.comm.volume import bytes_sent
+from dpcourse.comm.volume import bytes_sent, ring_traffic
 from dpcourse.topics.sequence.measure import LayerNormBytes
 from dpcourse.topics.sequence.models import (
     attention,
@@ -250,7 +250,7 @@ def tp_equivalent_bytes(runs):
     run = runs[0]
     n = len(run.group)
     whole = n * run.output.numel() * F64
-    return bytes_sent(run.forward), bytes_sent(run.backward), 2 * (n - 1) / n * whole
+    return bytes_sent(run.forward), bytes_sent(run.backward), ring_traffic(whole, n)[1]
 
 
 # --------------------------------------------------------------------------- 4-6. attention
